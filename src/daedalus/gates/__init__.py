@@ -1,0 +1,1 @@
+"""How a gate decides (shared/design/MEASUREMENT.md): statistics over raw samples, then a verdict."""

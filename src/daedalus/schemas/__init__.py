@@ -1,0 +1,1 @@
+"""Pydantic models only. No I/O: safe to import inside workflows."""

@@ -1,0 +1,143 @@
+"""Gates, metrics and verdicts: what a ticket must measure, and how the measurement was judged."""
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from daedalus.schemas._base import Model
+
+
+class Direction(StrEnum):
+    HIGHER_IS_BETTER = "higher"
+    LOWER_IS_BETTER = "lower"
+
+
+class Metric(StrEnum):
+    """Every metric a gate may name. Each maps to one way of measuring it (see METRIC_DIRECTIONS)."""
+
+    DECODE_TPS = "decode_tps"
+    PREFILL_TPS = "prefill_tps"
+    TTFT_MS = "ttft_ms"
+    TPOT_MS = "tpot_ms"
+    KV_POOL_TOKENS = "kv_pool_tokens"
+    COMPRESSION = "compression"
+    KIB_PER_TOKEN = "kib_per_token"
+    NEEDLE = "needle"
+    TEMP0_IDENTITY = "temp0_identity"
+    PPL_DELTA_PCT = "ppl_delta_pct"
+    TESTS_PASSED = "tests_passed"
+    PREEMPTIONS = "preemptions"
+    CONCURRENT_USERS = "concurrent_users"
+
+
+METRIC_DIRECTIONS: dict[Metric, Direction] = {
+    Metric.DECODE_TPS: Direction.HIGHER_IS_BETTER,
+    Metric.PREFILL_TPS: Direction.HIGHER_IS_BETTER,
+    Metric.TTFT_MS: Direction.LOWER_IS_BETTER,
+    Metric.TPOT_MS: Direction.LOWER_IS_BETTER,
+    Metric.KV_POOL_TOKENS: Direction.HIGHER_IS_BETTER,
+    Metric.COMPRESSION: Direction.HIGHER_IS_BETTER,
+    Metric.KIB_PER_TOKEN: Direction.LOWER_IS_BETTER,
+    Metric.NEEDLE: Direction.HIGHER_IS_BETTER,
+    Metric.TEMP0_IDENTITY: Direction.HIGHER_IS_BETTER,
+    Metric.PPL_DELTA_PCT: Direction.LOWER_IS_BETTER,
+    Metric.TESTS_PASSED: Direction.HIGHER_IS_BETTER,
+    Metric.PREEMPTIONS: Direction.LOWER_IS_BETTER,
+    Metric.CONCURRENT_USERS: Direction.HIGHER_IS_BETTER,
+}
+
+
+class GateKind(StrEnum):
+    ABSOLUTE = "absolute"
+    """The metric's confidence interval against a threshold ("decode >= 55 tok/s")."""
+    AB = "ab"
+    """Paired candidate/baseline ratios, interleaved on one host, against a threshold on the ratio."""
+
+
+class GateSpec(Model):
+    """One acceptance gate of a ticket.
+
+    A gate runs `command` in the attempt's worktree on the ticket's host; the command prints one JSON object
+    with the samples (see `GateMeasurement`). An A/B gate's command prints paired `samples` and
+    `baseline_samples`, and its threshold is on the candidate/baseline ratio.
+    """
+
+    name: str = Field(min_length=1, max_length=80)
+    metric: Metric
+    op: Literal[">=", "<="] | None = None
+    threshold: float
+    kind: GateKind = GateKind.ABSOLUTE
+    command: str = Field(min_length=1)
+    confidence: float = Field(default=0.90, gt=0.5, lt=1.0)
+    timeout_s: int = Field(default=600, gt=0)
+    allowed_preemptions: int = Field(default=0, ge=0)
+
+    @property
+    def comparator(self) -> Literal[">=", "<="]:
+        """The stated comparator, or the one the metric's direction implies."""
+        if self.op is not None:
+            return self.op
+        higher = METRIC_DIRECTIONS[self.metric] is Direction.HIGHER_IS_BETTER
+        return ">=" if higher or self.kind is GateKind.AB else "<="
+
+    def describe(self) -> str:
+        subject = f"{self.metric.value} ratio vs baseline" if self.kind is GateKind.AB else self.metric.value
+        return f"{subject} {self.comparator} {self.threshold:g}"
+
+
+class GateMeasurement(Model):
+    """What a gate command prints on stdout, as one JSON object.
+
+    Validity fields turn a broken measurement into INVALID instead of a wrong PASS or FAIL.
+    """
+
+    samples: list[float] = Field(min_length=1)
+    baseline_samples: list[float] | None = None
+    unit: str = ""
+    method: str = "command"
+    failed_requests: int = Field(default=0, ge=0)
+    preemptions: int = Field(default=0, ge=0)
+    token_count_mismatches: int = Field(default=0, ge=0)
+    invalid_reason: str | None = None
+    evidence: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _paired(self) -> "GateMeasurement":
+        if self.baseline_samples is not None and len(self.baseline_samples) != len(self.samples):
+            raise ValueError(
+                f"an A/B measurement needs one baseline sample per candidate sample; got "
+                f"{len(self.samples)} candidate and {len(self.baseline_samples)} baseline samples"
+            )
+        return self
+
+
+class Verdict(StrEnum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+    INCONCLUSIVE = "INCONCLUSIVE"
+    """The evidence cannot decide: rerun, then escalate."""
+    INVALID = "INVALID"
+    """The measurement itself broke; never reported as FAIL."""
+
+
+class GateResult(Model):
+    """A gate's verdict with everything needed to re-derive it later without rerunning anything."""
+
+    gate: str
+    metric: Metric
+    verdict: Verdict
+    reason: str
+    rule: str
+    method: str
+    samples: list[float] = Field(default_factory=list)
+    baseline_samples: list[float] | None = None
+    median: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    cv: float | None = None
+    confidence: float = 0.90
+    unit: str = ""
+    host: str = ""
+    commit: str = ""
+    evidence: dict[str, str] = Field(default_factory=dict)

@@ -1,0 +1,261 @@
+"""A ticket: its spec as filed, and its status as it lives."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import Field, field_validator, model_validator
+
+from daedalus.schemas._base import Model
+from daedalus.schemas.gates import GateResult, GateSpec
+
+TICKET_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+PERSON_PATTERN = r"^[a-z][a-z0-9_.-]{0,31}$"
+
+
+class TicketKind(StrEnum):
+    FIX = "fix"
+    FEATURE = "feature"
+    MEASUREMENT = "measurement"
+    INVESTIGATION = "investigation"
+    HUNT = "hunt"
+    UMBRELLA = "umbrella"
+
+
+class EngineKind(StrEnum):
+    VLLM = "vllm"
+    LLAMA_CPP = "llama_cpp"
+
+
+class EngineRef(Model):
+    """The engine a ticket changes: which fork, where its source lives, and the commit work starts from."""
+
+    name: str = Field(min_length=1)
+    kind: EngineKind
+    repo: str = Field(min_length=1, description="a git URL, or a local path for tickets that run on this machine")
+    base_commit: str = Field(default="HEAD", min_length=1)
+    preset: str | None = None
+
+
+class AgentName(StrEnum):
+    SCRIPTED = "scripted"
+    CODEX = "codex"
+    CLAUDE = "claude"
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
+
+
+class AgentSpec(Model):
+    """Who does the work. The scripted agent applies `patch` and runs `commands`: for demos and tests only."""
+
+    name: AgentName
+    model: str | None = None
+    patch: str | None = None
+    commands: list[str] = Field(default_factory=list)
+    budget_usd: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _scripted_has_work(self) -> AgentSpec:
+        if self.name is AgentName.SCRIPTED and not self.patch and not self.commands:
+            raise ValueError("the scripted agent needs a `patch` or `commands` to apply")
+        return self
+
+
+class BuildSpec(Model):
+    command: str = Field(min_length=1)
+    timeout_s: int = Field(default=1800, gt=0)
+
+
+class ApprovalPolicy(Model):
+    """Who decides what. `delegates` lets a decider hand one kind of decision to someone else."""
+
+    dispatch_requires_approval: bool = True
+    deciders: list[str] = Field(default_factory=lambda: ["wayne"], min_length=1)
+    delegates: dict[str, list[str]] = Field(
+        default_factory=dict, description="decision kind -> people who may decide it on the deciders' behalf"
+    )
+    reminder_interval_s: int = Field(default=3600, gt=0)
+    inconclusive_reruns: int = Field(default=1, ge=0, le=5)
+
+    @field_validator("deciders")
+    @classmethod
+    def _names(cls, names: list[str]) -> list[str]:
+        return [n.lower() for n in names]
+
+    @field_validator("delegates")
+    @classmethod
+    def _kinds(cls, delegates: dict[str, list[str]]) -> dict[str, list[str]]:
+        known = {k.value for k in DecisionKind}
+        for kind in delegates:
+            if kind not in known:
+                raise ValueError(f"cannot delegate unknown decision kind {kind!r}; known: {sorted(known)}")
+        return {k: [n.lower() for n in v] for k, v in delegates.items()}
+
+    def may_decide(self, kind: DecisionKind, who: str) -> bool:
+        who = who.lower()
+        return who in self.deciders or who in self.delegates.get(kind.value, [])
+
+
+class DecisionKind(StrEnum):
+    DISPATCH = "dispatch"
+    ESCALATION = "escalation"
+
+
+class TicketSpec(Model):
+    """A ticket as filed: a YAML file, a JSON body, or a Python object."""
+
+    id: str = Field(pattern=TICKET_ID_PATTERN)
+    title: str = Field(min_length=1, max_length=200)
+    parent: str | None = Field(default=None, pattern=TICKET_ID_PATTERN)
+    kind: TicketKind = TicketKind.FIX
+    engine: EngineRef | None = None
+    host: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+    agent: AgentSpec | None = None
+    spec: str = Field(default="", description="the brief the agent works from")
+    build: BuildSpec | None = None
+    gates: list[GateSpec] = Field(default_factory=list)
+    approval: ApprovalPolicy = Field(default_factory=ApprovalPolicy)
+    max_attempts: int = Field(default=3, ge=1, le=10)
+    constraints: list[str] = Field(default_factory=list)
+    allowed_paths: list[str] = Field(default_factory=lambda: ["."])
+    exception_gates: list[str] = Field(
+        default_factory=list,
+        description="gates whose failure closes the ticket under an exception instead of failing it",
+    )
+    children: list[TicketSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TicketSpec:
+        names = [g.name for g in self.gates]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"gate names must be unique; repeated: {duplicates}")
+        unknown = sorted(set(self.exception_gates) - set(names))
+        if unknown:
+            raise ValueError(f"exception_gates names gates this ticket does not have: {unknown}; gates: {names}")
+        for child in self.children:
+            if child.parent not in (None, self.id):
+                raise ValueError(f"child ticket {child.id} names parent {child.parent}, but it is filed under {self.id}")
+        child_ids = [c.id for c in self.children]
+        if self.id in child_ids or len(set(child_ids)) != len(child_ids):
+            raise ValueError(f"child ticket ids must be unique and differ from the parent's: {child_ids}")
+        if self.agent is None and (self.build is not None or not self.children and not self.gates):
+            raise ValueError("a ticket without an agent must be an umbrella over children or only measure gates")
+        return self
+
+    def with_parent(self) -> list[TicketSpec]:
+        """Children with `parent` filled in."""
+        return [c.model_copy(update={"parent": self.id}) for c in self.children]
+
+
+class TicketStatus(StrEnum):
+    DRAFT = "draft"
+    AWAITING_APPROVAL = "awaiting_approval"
+    RUNNING_CHILDREN = "running_children"
+    DISPATCHED = "dispatched"
+    BUILDING = "building"
+    GATING = "gating"
+    AWAITING_DECISION = "awaiting_decision"
+    PASSED = "passed"
+    FAILED = "failed"
+    CLOSED_UNDER_EXCEPTION = "closed_under_exception"
+    STOPPED_BY_RULES = "stopped_by_rules"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_closed(self) -> bool:
+        return self in CLOSED_STATUSES
+
+
+CLOSED_STATUSES = frozenset(
+    {
+        TicketStatus.PASSED,
+        TicketStatus.FAILED,
+        TicketStatus.CLOSED_UNDER_EXCEPTION,
+        TicketStatus.STOPPED_BY_RULES,
+        TicketStatus.CANCELLED,
+    }
+)
+
+
+class AttemptOutcome(StrEnum):
+    COMMITTED = "committed"
+    NO_COMMIT = "no_commit"
+    AGENT_FAILED = "agent_failed"
+    BUILD_FAILED = "build_failed"
+    GATES_FAILED = "gates_failed"
+    GATES_PASSED = "gates_passed"
+    CANCELLED = "cancelled"
+
+
+class AttemptSummary(Model):
+    number: int
+    branch: str
+    commit: str | None = None
+    outcome: AttemptOutcome
+    detail: str = ""
+    gate_results: list[GateResult] = Field(default_factory=list)
+
+
+class DecisionRequest(Model):
+    """A question for a person: options, evidence, who may answer, and until when."""
+
+    id: str
+    ticket_id: str
+    kind: DecisionKind
+    question: str
+    options: list[str] = Field(min_length=1)
+    evidence: list[str] = Field(default_factory=list)
+    deciders: list[str]
+    delegates: list[str] = Field(default_factory=list)
+    requested_at: datetime
+    reminders_sent: int = 0
+
+
+class Decision(Model):
+    """An answer to a DecisionRequest, from any channel (CLI, HTTP, Slack, bot)."""
+
+    request_id: str = Field(min_length=1)
+    option: str = Field(min_length=1)
+    decided_by: str = Field(min_length=1, pattern=PERSON_PATTERN)
+    channel: str = Field(default="cli", pattern=r"^(cli|api|slack|bot|policy)$")
+    note: str = ""
+
+
+class SpecAmendment(Model):
+    """A change to a live ticket's spec; applies from the next attempt on."""
+
+    amended_by: str = Field(pattern=PERSON_PATTERN)
+    spec: str | None = None
+    constraints: list[str] | None = None
+    max_attempts: int | None = Field(default=None, ge=1, le=10)
+    note: str = ""
+
+
+class CancelRequest(Model):
+    requested_by: str = Field(pattern=PERSON_PATTERN)
+    reason: str = Field(min_length=1)
+
+
+class TicketInput(Model):
+    """The one argument of TicketWorkflow."""
+
+    spec: TicketSpec
+    filed_by: str = "cli"
+
+
+class TicketState(Model):
+    """The full status of a live or closed ticket, as the `status` query returns it."""
+
+    spec: TicketSpec
+    status: TicketStatus
+    attempts: list[AttemptSummary] = Field(default_factory=list)
+    pending_decision: DecisionRequest | None = None
+    decisions: list[Decision] = Field(default_factory=list)
+    children: dict[str, TicketStatus] = Field(default_factory=dict)
+    outcome_reason: str = ""
+    audit_seq: int = 0
+
+
+TicketSpec.model_rebuild()
