@@ -6,6 +6,8 @@ from enum import StrEnum
 from pydantic import Field
 
 from daedalus.schemas._base import Model
+from daedalus.schemas.gates import GateResult
+from daedalus.schemas.ticket import Decision, DecisionRequest
 
 
 class AuditKind(StrEnum):
@@ -32,3 +34,32 @@ class AuditEvent(Model):
     status: str
     summary: str
     detail: dict[str, str] = Field(default_factory=dict)
+
+
+class TicketSnapshot(Model):
+    """The ticket's projection as of one audit event."""
+
+    ticket_id: str
+    workflow_id: str
+    title: str
+    parent: str | None
+    kind: str
+    host: str
+    engine: str | None
+    agent: str | None
+    status: str
+    attempts: int
+    awaiting: str | None
+    outcome_reason: str
+    spec: dict[str, object] | None = Field(default=None, description="sent when filed or amended only")
+
+
+class AuditRecord(Model):
+    """One state transition and everything it writes, applied in one transaction, at most once."""
+
+    event: AuditEvent
+    ticket: TicketSnapshot
+    decision_request: DecisionRequest | None = None
+    decision: Decision | None = None
+    attempt: int = 0
+    gate_results: list[GateResult] = Field(default_factory=list)

@@ -1,0 +1,73 @@
+"""Run a gate's measuring command on the ticket's host and decide its verdict (MEASUREMENT.md)."""
+
+import json
+
+from pydantic import ValidationError
+from temporalio import activity
+
+from daedalus.activities.workspace import Workspace
+from daedalus.gates.verdicts import decide
+from daedalus.processes import log_tail, run_logged
+from daedalus.schemas.gates import GateMeasurement, GateResult, Verdict
+from daedalus.schemas.steps import GateInput
+
+
+class GateActivities:
+    def __init__(self, workspace: Workspace):
+        self.workspace = workspace
+
+    @activity.defn(name="run_gate")
+    async def run_gate(self, request: GateInput) -> GateResult:
+        """A command that crashes or prints no valid measurement is an INVALID verdict, never a FAIL."""
+        gate = request.gate
+        artifacts = self.workspace.attempt_artifacts(request.ticket_id, request.attempt)
+        stem = f"gate-{gate.name}-round-{request.round}"
+        stdout_path, log_path = artifacts / f"{stem}.json", artifacts / f"{stem}.log"
+        log_path.unlink(missing_ok=True)
+        finished = await run_logged(
+            gate.command,
+            cwd=self.workspace.worktree(request.ticket_id, request.attempt),
+            log_path=log_path,
+            stdout_path=stdout_path,
+            timeout_s=gate.timeout_s,
+            heartbeat=activity.heartbeat,
+        )
+        evidence = {"stdout": str(stdout_path), "log": str(log_path)}
+        if finished.timed_out or finished.returncode != 0:
+            what = f"timed out after {gate.timeout_s}s" if finished.timed_out else f"exited {finished.returncode}"
+            return self._invalid(request, f"gate command {what}: {log_tail(log_path, 600)}", evidence)
+        try:
+            measurement = parse_measurement(stdout_path.read_text())
+        except ValueError as error:
+            return self._invalid(request, str(error), evidence)
+        measurement = measurement.model_copy(update={"evidence": {**measurement.evidence, **evidence}})
+        return decide(gate, measurement, host=request.host, commit=request.commit)
+
+    @staticmethod
+    def _invalid(request: GateInput, reason: str, evidence: dict[str, str]) -> GateResult:
+        return GateResult(
+            gate=request.gate.name,
+            metric=request.gate.metric,
+            verdict=Verdict.INVALID,
+            reason=reason,
+            rule=request.gate.describe(),
+            method="command",
+            host=request.host,
+            commit=request.commit,
+            evidence=evidence,
+        )
+
+
+def parse_measurement(stdout: str) -> GateMeasurement:
+    """The last line of stdout that is a JSON object is the measurement (earlier lines may be progress)."""
+    for line in reversed(stdout.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return GateMeasurement.model_validate(json.loads(line))
+            except (json.JSONDecodeError, ValidationError) as error:
+                raise ValueError(f"gate output is not a valid measurement: {error}") from error
+    raise ValueError(
+        "gate command printed no JSON measurement; print one line like "
+        '{"samples": [56.1, 55.8], "unit": "tok/s"} on stdout'
+    )

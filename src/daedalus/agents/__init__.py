@@ -1,0 +1,1 @@
+"""Coding agents: one interface (`CodingAgent.run(task) -> AgentResult`), several providers."""

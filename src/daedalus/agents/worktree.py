@@ -1,0 +1,59 @@
+"""Git worktrees for attempts: one branch `daedalus/<ticket>/attempt-<n>` per attempt, off the base commit."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+
+class GitError(RuntimeError):
+    pass
+
+
+def git(*args: str, cwd: Path | str) -> str:
+    result = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise GitError(f"git {' '.join(args)} failed in {cwd}: {result.stderr.strip() or result.stdout.strip()}")
+    return result.stdout.strip()
+
+
+def branch_name(ticket_id: str, attempt: int) -> str:
+    return f"daedalus/{ticket_id}/attempt-{attempt}"
+
+
+def prepare_worktree(*, repo: Path, base_commit: str, worktree: Path, branch: str) -> str:
+    """Create (or find again) the attempt's worktree; returns the resolved base commit sha."""
+    base = git("rev-parse", "--verify", f"{base_commit}^{{commit}}", cwd=repo)
+    if worktree.exists() and (worktree / ".git").exists():
+        return base
+    worktree.parent.mkdir(parents=True, exist_ok=True)
+    exists = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}"], cwd=repo, capture_output=True
+    ).returncode == 0
+    if exists:
+        git("worktree", "add", str(worktree), branch, cwd=repo)
+    else:
+        git("worktree", "add", "-b", branch, str(worktree), base, cwd=repo)
+    return base
+
+
+def commits_since(worktree: Path, base: str) -> list[str]:
+    out = git("rev-list", f"{base}..HEAD", cwd=worktree)
+    return out.split() if out else []
+
+
+def changed_paths(worktree: Path, base: str) -> list[str]:
+    out = git("diff", "--name-only", f"{base}..HEAD", cwd=worktree)
+    return out.splitlines() if out else []
+
+
+def diff_stat(worktree: Path, base: str) -> str:
+    return git("diff", "--shortstat", f"{base}..HEAD", cwd=worktree)
+
+
+def outside_allowed(paths: list[str], allowed: list[str]) -> list[str]:
+    """Paths not under any allowed prefix ('.' allows everything in the worktree)."""
+    if "." in allowed:
+        return []
+    prefixes = [a.rstrip("/") + "/" for a in allowed]
+    return [p for p in paths if p not in allowed and not any(p.startswith(pre) for pre in prefixes)]

@@ -1,0 +1,100 @@
+"""Child processes in their own process group: logged to a file, heartbeating, and killed whole on cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+TAIL_BYTES = 4000
+
+
+@dataclass(frozen=True)
+class Finished:
+    returncode: int
+    log_path: Path
+    timed_out: bool
+
+    def tail(self, limit: int = TAIL_BYTES) -> str:
+        return log_tail(self.log_path, limit)
+
+
+def log_tail(path: Path, limit: int = TAIL_BYTES) -> str:
+    if not path.exists():
+        return ""
+    with path.open("rb") as handle:
+        handle.seek(max(0, path.stat().st_size - limit))
+        return handle.read().decode(errors="replace")
+
+
+def kill_group(pid: int, grace_s: float = 3.0) -> None:
+    """SIGTERM the process group, then SIGKILL whatever is left after `grace_s` (synchronous)."""
+    try:
+        pgid = os.getpgid(pid)
+    except ProcessLookupError:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        if sig is signal.SIGTERM:
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline:
+                try:
+                    os.killpg(pgid, 0)
+                except ProcessLookupError:
+                    return
+                time.sleep(0.05)
+
+
+async def run_logged(
+    command: str,
+    *,
+    cwd: Path,
+    log_path: Path,
+    timeout_s: float,
+    env: Mapping[str, str] | None = None,
+    heartbeat: Callable[[], None] | None = None,
+    heartbeat_every_s: float = 2.0,
+    stdout_path: Path | None = None,
+) -> Finished:
+    """Run a shell command to completion in a new session, output appended to `log_path`.
+
+    With `stdout_path`, stdout goes there and only stderr to the log (for commands whose stdout is data).
+    Cancellation (an activity cancelled by Temporal) kills the whole process group before re-raising.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    full_env = {**os.environ, **(env or {})}
+    with log_path.open("ab") as log, (stdout_path.open("wb") if stdout_path else log) as out:
+        process = await asyncio.create_subprocess_shell(
+            command,
+            cwd=cwd,
+            env=full_env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=out,
+            stderr=log,
+            start_new_session=True,
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        try:
+            while True:
+                try:
+                    returncode = await asyncio.wait_for(process.wait(), timeout=heartbeat_every_s)
+                    return Finished(returncode, log_path, timed_out=False)
+                except TimeoutError:
+                    if heartbeat is not None:
+                        heartbeat()
+                    if loop.time() > deadline:
+                        kill_group(process.pid)
+                        await process.wait()
+                        return Finished(process.returncode or -9, log_path, timed_out=True)
+        except BaseException:
+            kill_group(process.pid)
+            await process.wait()
+            raise

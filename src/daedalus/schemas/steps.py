@@ -1,0 +1,37 @@
+"""Inputs and outputs of the ticket's host-side steps: attempt, build, gate."""
+
+from pydantic import Field
+
+from daedalus.schemas._base import Model
+from daedalus.schemas.gates import GateSpec
+from daedalus.schemas.ticket import TicketSpec
+
+
+class AttemptInput(Model):
+    spec: TicketSpec
+    attempt: int = Field(ge=1)
+    brief: str
+
+
+class BuildInput(Model):
+    ticket_id: str
+    attempt: int = Field(ge=1)
+    command: str
+    timeout_s: int
+
+
+class BuildResult(Model):
+    ok: bool
+    returncode: int
+    timed_out: bool = False
+    log: str
+    log_tail: str = ""
+
+
+class GateInput(Model):
+    ticket_id: str
+    attempt: int = Field(ge=1)
+    round: int = Field(default=1, ge=1)
+    gate: GateSpec
+    host: str
+    commit: str = ""

@@ -1,0 +1,51 @@
+"""Read-side queries for the CLI, the API and the report. Keyword-only, returning table rows."""
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlmodel import Session, col, select
+
+from daedalus.store.tables import AuditEventRow, DecisionRow, TicketRow, VerdictRow
+
+
+def list_tickets(*, session: Session, status: str | None = None, limit: int = 200) -> Sequence[TicketRow]:
+    query = select(TicketRow).order_by(col(TicketRow.updated_at).desc()).limit(limit)
+    if status is not None:
+        query = query.where(TicketRow.status == status)
+    return session.exec(query).all()
+
+
+def get_ticket(*, session: Session, ticket_id: str) -> TicketRow | None:
+    return session.get(TicketRow, ticket_id)
+
+
+def audit_events(
+    *,
+    session: Session,
+    ticket_id: str | None = None,
+    actor: str | None = None,
+    since: datetime | None = None,
+    limit: int = 1000,
+) -> Sequence[AuditEventRow]:
+    query = select(AuditEventRow).order_by(col(AuditEventRow.at), col(AuditEventRow.seq)).limit(limit)
+    if ticket_id is not None:
+        query = query.where(AuditEventRow.ticket_id == ticket_id)
+    if actor is not None:
+        query = query.where(AuditEventRow.actor == actor.lower())
+    if since is not None:
+        query = query.where(AuditEventRow.at >= since)
+    return session.exec(query).all()
+
+
+def verdicts(*, session: Session, ticket_id: str) -> Sequence[VerdictRow]:
+    query = select(VerdictRow).where(VerdictRow.ticket_id == ticket_id)
+    return session.exec(query.order_by(col(VerdictRow.recorded_at), col(VerdictRow.id))).all()
+
+
+def decisions(*, session: Session, ticket_id: str | None = None, pending: bool = False) -> Sequence[DecisionRow]:
+    query = select(DecisionRow).order_by(col(DecisionRow.requested_at))
+    if ticket_id is not None:
+        query = query.where(DecisionRow.ticket_id == ticket_id)
+    if pending:
+        query = query.where(col(DecisionRow.decided_at).is_(None))
+    return session.exec(query).all()

@@ -1,0 +1,90 @@
+"""Apply audit records: the only way rows are written. Idempotent on (workflow id, sequence number)."""
+
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, select
+
+from daedalus.schemas.audit import AuditRecord
+from daedalus.schemas.ticket import TicketStatus
+from daedalus.store.tables import AuditEventRow, DecisionRow, TicketRow, VerdictRow
+
+
+def apply(*, session: Session, record: AuditRecord) -> bool:
+    """Write the record's event, projection, decision and verdicts. False if it was already written."""
+    event = record.event
+    existing = session.exec(
+        select(AuditEventRow.id).where(AuditEventRow.workflow_id == event.workflow_id, AuditEventRow.seq == event.seq)
+    ).first()
+    if existing is not None:
+        return False
+    session.add(AuditEventRow(**event.model_dump()))
+    _project_ticket(session, record)
+    _record_decision(session, record)
+    for result in record.gate_results:
+        session.add(
+            VerdictRow(
+                workflow_id=event.workflow_id,
+                seq=event.seq,
+                ticket_id=event.ticket_id,
+                attempt=record.attempt,
+                recorded_at=event.at,
+                **result.model_dump(exclude={"evidence"}),
+            )
+        )
+    try:
+        session.flush()
+    except IntegrityError:
+        # A concurrent retry of the same activity won the race: its write is ours.
+        session.rollback()
+        return False
+    return True
+
+
+def _project_ticket(session: Session, record: AuditRecord) -> None:
+    snapshot = record.ticket
+    row = session.get(TicketRow, snapshot.ticket_id)
+    values = snapshot.model_dump(exclude={"spec"})
+    at = record.event.at
+    if row is None:
+        row = TicketRow(**values, spec=snapshot.spec or {}, filed_at=at, updated_at=at)
+        session.add(row)
+    elif row.workflow_id == snapshot.workflow_id and at >= row.updated_at:
+        for key, value in values.items():
+            setattr(row, key, value)
+        if snapshot.spec is not None:
+            row.spec = snapshot.spec
+        row.updated_at = at
+    elif row.workflow_id != snapshot.workflow_id:
+        # A ticket id filed again after its first workflow closed: the projection follows the new one.
+        for key, value in values.items():
+            setattr(row, key, value)
+        row.spec = snapshot.spec or row.spec
+        row.filed_at = row.updated_at = at
+        row.closed_at = None
+    if TicketStatus(snapshot.status).is_closed and row.closed_at is None:
+        row.closed_at = at
+
+
+def _record_decision(session: Session, record: AuditRecord) -> None:
+    if record.decision_request is not None:
+        request = record.decision_request
+        if session.get(DecisionRow, request.id) is None:
+            session.add(
+                DecisionRow(
+                    request_id=request.id,
+                    ticket_id=request.ticket_id,
+                    kind=request.kind.value,
+                    question=request.question,
+                    options=request.options,
+                    deciders=request.deciders + request.delegates,
+                    requested_at=request.requested_at,
+                )
+            )
+    if record.decision is not None:
+        decision = record.decision
+        row = session.get(DecisionRow, decision.request_id)
+        if row is not None:
+            row.option = decision.option
+            row.decided_by = decision.decided_by
+            row.channel = decision.channel
+            row.note = decision.note
+            row.decided_at = record.event.at
