@@ -1,0 +1,1 @@
+"""Inference engines: build, launch, benchmark and probe them the way MEASUREMENT.md says."""

@@ -1,0 +1,150 @@
+"""Child processes in their own process group: started, logged, and killed as a whole group."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import psutil
+import structlog
+
+log = structlog.get_logger(__name__)
+
+
+class EngineError(RuntimeError):
+    """An engine could not be built, started or measured; the message says why and what to do."""
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    """The last `lines` lines of a log file, for error messages."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return "(no log written)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    """Live processes in process group `pgid` (zombies excluded)."""
+    members = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(proc)
+    return members
+
+
+def kill_group(pgid: int, grace_s: float = 5.0) -> None:
+    """SIGTERM the whole group, then SIGKILL whatever is left after `grace_s`."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)
+    _, alive = psutil.wait_procs(group_members(pgid), timeout=grace_s)
+    if alive:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=grace_s)
+
+
+class GroupProcess:
+    """A long-running child (a server) in its own session, its output appended to a log file."""
+
+    def __init__(self, argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None) -> None:
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.env = dict(env or {})
+        self._popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as out:
+            # A new session makes the child a group leader, so stop() reaches every descendant.
+            self._popen = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env},
+                start_new_session=True,
+            )
+        log.info("process.started", pid=self._popen.pid, argv=self.argv[:3], log=str(self.log_path))
+
+    @property
+    def pid(self) -> int:
+        if self._popen is None:
+            raise EngineError("the process was never started")
+        return self._popen.pid
+
+    def returncode(self) -> int | None:
+        return None if self._popen is None else self._popen.poll()
+
+    def alive(self) -> bool:
+        return self._popen is not None and self._popen.poll() is None
+
+    def stop(self, grace_s: float = 5.0) -> int | None:
+        """Kill the whole process group and reap the leader; returns its exit code."""
+        if self._popen is None:
+            return None
+        kill_group(self._popen.pid, grace_s)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._popen.wait(timeout=grace_s)
+        return self._popen.returncode
+
+
+async def run_logged(
+    argv: Sequence[str],
+    log_path: Path,
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    on_line: Callable[[str], None] | None = None,
+) -> int:
+    """Run a command to completion in its own process group, teeing lines to `log_path`.
+
+    Cancellation (an activity cancelled, a Ctrl-C) kills the whole group before re-raising.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    try:
+        with log_path.open("ab") as out:
+            async for raw in proc.stdout:
+                out.write(raw)
+                out.flush()
+                if on_line is not None:
+                    on_line(raw.decode(errors="replace").rstrip("\n"))
+        return await proc.wait()
+    except BaseException:
+        await asyncio.to_thread(kill_group, proc.pid)
+        with contextlib.suppress(ProcessLookupError):
+            await proc.wait()
+        raise

@@ -1,0 +1,162 @@
+"""The vLLM adapter: `vllm serve` command lines, start-up KV-cache log lines, and /metrics.
+
+vLLM cannot run on the CPU machines that test Daedalus; its command lines and parsers are tested against the
+exact text vLLM prints. `vllm` itself is only ever looked up lazily, here, on GPU workers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+from daedalus.engines.base import EngineAdapter
+from daedalus.engines.metrics import counter, flatten, labels
+from daedalus.engines.process import EngineError
+from daedalus.schemas._base import Model
+from daedalus.schemas.engines import VllmPreset
+
+# Two-line form (v0.7.3+, V1):  "GPU KV cache size: 2,042,016 tokens"
+#                               "Maximum concurrency for 2,048 tokens per request: 997.08x"
+# One-line form (newer):        "GPU KV cache size: N tokens, Maximum concurrency for L tokens per request: Xx"
+# Old V0 form:                  "# GPU blocks: 5691, # CPU blocks: 2048" then the concurrency line.
+_POOL = re.compile(r"GPU KV cache size:\s*(?P<tokens>[\d,]+)\s*tokens")
+_CONCURRENCY = re.compile(
+    r"Maximum concurrency for\s*(?P<len>[\d,]+)\s*tokens per request:\s*(?P<x>[\d.,]+)x"
+)
+_BLOCKS = re.compile(r"# GPU blocks:\s*(?P<blocks>\d+)")
+
+
+def _int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+class VllmKvCapacity(Model):
+    pool_tokens: int | None = None
+    gpu_blocks: int | None = None
+    max_concurrency: float | None = None
+    concurrency_len: int | None = None
+
+
+def parse_kv_cache_log(text: str) -> VllmKvCapacity:
+    """The last KV-cache report in a start-up log (a restart appends a new one)."""
+    pools = list(_POOL.finditer(text))
+    conc = list(_CONCURRENCY.finditer(text))
+    blocks = list(_BLOCKS.finditer(text))
+    if not pools and not conc and not blocks:
+        raise EngineError(
+            "no vLLM KV-cache line in the log (looked for 'GPU KV cache size' and "
+            "'Maximum concurrency for'); did the server finish starting?"
+        )
+    return VllmKvCapacity(
+        pool_tokens=_int(pools[-1]["tokens"]) if pools else None,
+        gpu_blocks=int(blocks[-1]["blocks"]) if blocks else None,
+        max_concurrency=float(conc[-1]["x"].replace(",", "")) if conc else None,
+        concurrency_len=_int(conc[-1]["len"]) if conc else None,
+    )
+
+
+class VllmMetrics(Model):
+    preemptions: float = 0.0
+    kv_cache_usage: float = 0.0
+    running: float = 0.0
+    waiting: float = 0.0
+    spec_drafts: float = 0.0
+    spec_draft_tokens: float = 0.0
+    spec_accepted_tokens: float = 0.0
+    prefix_cache_hits: float = 0.0
+    prefix_cache_queries: float = 0.0
+    generation_tokens: float = 0.0
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+    cache_dtype: str | None = None
+
+    @property
+    def acceptance_length(self) -> float | None:
+        """Mean tokens per verification step: 1 + accepted/drafts (the seed's 2.98 for MTP3)."""
+        return 1.0 + self.spec_accepted_tokens / self.spec_drafts if self.spec_drafts else None
+
+    @property
+    def pool_tokens(self) -> int | None:
+        if self.num_gpu_blocks is None or self.block_size is None:
+            return None
+        return self.num_gpu_blocks * self.block_size
+
+
+def parse_metrics(text: str) -> VllmMetrics:
+    """vLLM's /metrics, old (gpu_cache_usage_perc) and new (kv_cache_usage_perc) names alike."""
+    v = flatten(text)
+    info = labels(text, "vllm:cache_config_info")
+
+    def maybe_int(key: str) -> int | None:
+        raw = info.get(key)
+        return int(raw) if raw and raw.isdigit() else None
+
+    usage = v.get("vllm:kv_cache_usage_perc", v.get("vllm:gpu_cache_usage_perc", 0.0))
+    return VllmMetrics(
+        preemptions=counter(v, "vllm:num_preemptions_total"),
+        kv_cache_usage=usage,
+        running=v.get("vllm:num_requests_running", 0.0),
+        waiting=v.get("vllm:num_requests_waiting", 0.0),
+        spec_drafts=counter(v, "vllm:spec_decode_num_drafts_total"),
+        spec_draft_tokens=counter(v, "vllm:spec_decode_num_draft_tokens_total"),
+        spec_accepted_tokens=counter(v, "vllm:spec_decode_num_accepted_tokens_total"),
+        prefix_cache_hits=counter(v, "vllm:prefix_cache_hits_total")
+        or counter(v, "vllm:gpu_prefix_cache_hits_total"),
+        prefix_cache_queries=counter(v, "vllm:prefix_cache_queries_total"),
+        generation_tokens=counter(v, "vllm:generation_tokens_total"),
+        num_gpu_blocks=maybe_int("num_gpu_blocks"),
+        block_size=maybe_int("block_size"),
+        cache_dtype=info.get("cache_dtype"),
+    )
+
+
+class VllmAdapter(EngineAdapter):
+    preset: VllmPreset
+
+    def __init__(self, preset: VllmPreset, executable: str = "vllm") -> None:
+        self.preset = preset
+        self.executable = executable
+
+    def command(self, model: Path, port: int) -> list[str]:
+        p = self.preset
+        argv = [
+            self.executable, "serve", str(model),
+            "--host", "127.0.0.1",
+            "--port", str(port),
+            "--served-model-name", p.name,
+            "--tensor-parallel-size", str(p.tensor_parallel_size),
+            "--max-model-len", str(p.max_model_len),
+            "--gpu-memory-utilization", str(p.gpu_memory_utilization),
+            "--kv-cache-dtype", p.kv_cache_dtype,
+            "--enable-prefix-caching" if p.enable_prefix_caching else "--no-enable-prefix-caching",
+        ]  # fmt: skip
+        if p.max_num_seqs is not None:
+            argv += ["--max-num-seqs", str(p.max_num_seqs)]
+        if p.enforce_eager:
+            argv.append("--enforce-eager")
+        if p.speculative is not None:
+            spec = p.speculative.model_dump(exclude_none=True)
+            argv += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+        if p.additional_config:
+            argv += ["--additional-config", json.dumps(p.additional_config, separators=(",", ":"))]
+        return argv + list(p.extra_args)
+
+    def environment(self) -> Mapping[str, str]:
+        return self.preset.env
+
+    def validate(self, model: Path, port: int) -> None:
+        # A model may be a Hugging Face id on GPU hosts, so only a path-looking model must exist.
+        if (model.is_absolute() or str(model).startswith(".")) and not model.exists():
+            raise EngineError(f"model path {model} does not exist")
+        if shutil.which(self.executable) is None and importlib.util.find_spec("vllm") is None:
+            raise EngineError(
+                "vLLM is not installed on this worker; install the extra: pip install 'daedalus[vllm]'"
+            )
+        from daedalus.engines.process import port_in_use
+
+        if port_in_use(port):
+            raise EngineError(f"port {port} is in use; pick another port or stop whatever listens there")
