@@ -1,0 +1,576 @@
+"""The training watchdog: start or re-attach to a trainer, sample memory, stop it gracefully, classify its death.
+
+One call of `supervise_segment` watches one incarnation for up to `report_interval_s` and returns what it saw;
+the workflow calls it again and again, so every call is also the re-attach path. Everything a later call needs
+lives in the incarnation's state dir: `trainer.json`/`exit.json` (the keeper), `stop.json` (our stop, written
+before the first signal, so a restarted watchdog still knows a death was ours), `curve.csv` (the samples).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import csv
+import fcntl
+import os
+import shutil
+import signal
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import structlog
+
+from daedalus.engines import trainer_process as tp
+from daedalus.engines.memory import (
+    MAX_FIT_POINTS,
+    MemoryReader,
+    Nvml,
+    SlopeFit,
+    fit_slope,
+    read_oom_kills,
+    read_psi_some_avg10,
+    reader_for,
+)
+from daedalus.schemas.training import (
+    GIB,
+    CheckpointPolicy,
+    Death,
+    DeathClass,
+    MemoryReading,
+    SegmentReport,
+    StopReason,
+    SuperviseInput,
+    TrainingRunSpec,
+    WatchdogPolicy,
+)
+
+log = structlog.get_logger(__name__)
+
+STOP_FILE = "stop.json"
+DEATH_FILE = "death.json"
+CURVE_FILE = "curve.csv"
+OOM_BASELINE_FILE = "oom_kills.start"
+LOG_TAIL_BYTES = 16_000
+LAUNCH_WAIT_S = 15.0
+
+Heartbeat = Callable[[dict[str, object]], None]
+
+
+# --- checkpoints -------------------------------------------------------------------------------------------
+
+
+def complete_checkpoints(policy: CheckpointPolicy) -> list[Path]:
+    """Checkpoint dirs holding the marker, oldest first (by the marker's mtime: it is written last)."""
+    found: list[tuple[int, str, Path]] = []
+    try:
+        entries = list(policy.directory.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        if entry.name.startswith(".") or not entry.is_dir():
+            continue
+        marker = entry / policy.marker
+        with contextlib.suppress(OSError):
+            found.append((marker.stat().st_mtime_ns, entry.name, entry))
+    return [p for _, _, p in sorted(found)]
+
+
+def latest_checkpoint(policy: CheckpointPolicy) -> Path | None:
+    done = complete_checkpoints(policy)
+    return done[-1] if done else None
+
+
+def prune_checkpoints(policy: CheckpointPolicy) -> list[Path]:
+    """Keep the latest `keep` complete checkpoints; remove older complete ones and any half-written one older
+    than the newest complete (it can never be finished). A half-written one newer than that may be in
+    progress, so it stays — but it never counts as one of the kept."""
+    done = complete_checkpoints(policy)
+    if not done:
+        return []
+    newest_mtime = (done[-1] / policy.marker).stat().st_mtime_ns
+    doomed = done[: -policy.keep] if len(done) > policy.keep else []
+    keep = set(done[-policy.keep :])
+    for entry in policy.directory.iterdir():
+        if entry.name.startswith(".") or not entry.is_dir() or entry in keep or entry in doomed:
+            continue
+        if (entry / policy.marker).exists():
+            continue
+        with contextlib.suppress(OSError):
+            if entry.stat().st_mtime_ns < newest_mtime:
+                doomed.append(entry)
+    removed: list[Path] = []
+    for path in doomed:
+        # Rename first: a reader never sees a checkpoint half-deleted under its real name.
+        hidden = path.with_name(f".pruning-{path.name}")
+        try:
+            os.replace(path, hidden)
+        except OSError:
+            continue
+        shutil.rmtree(hidden, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+# --- the stop rule -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class StopRule:
+    """Threshold on N consecutive samples; optionally a projected crossing within the horizon."""
+
+    policy: WatchdogPolicy
+    consecutive: int = 0
+    times: deque[float] = field(default_factory=deque)
+    values: deque[int] = field(default_factory=deque)
+    fit: SlopeFit | None = None
+    _last_fit_t: float = float("-inf")
+
+    def observe(self, t: float, available: int) -> StopReason | None:
+        self.times.append(t)
+        self.values.append(available)
+        while self.times and self.times[0] < t - self.policy.slope_window_s:
+            self.times.popleft()
+            self.values.popleft()
+        self.consecutive = self.consecutive + 1 if available < self.policy.threshold_bytes else 0
+        if self.consecutive >= self.policy.consecutive_samples:
+            return StopReason.THRESHOLD
+        # Refit once per fit bucket (>= 1 s): a fit per sample would be most of the watchdog's cost at 10 Hz.
+        if t - self._last_fit_t >= max(1.0, self.policy.slope_window_s / MAX_FIT_POINTS / 2):
+            self.fit = fit_slope(list(self.times), list(self.values), self.policy.min_fit_span_s)
+            self._last_fit_t = t
+        if self.policy.projection_horizon_s > 0 and self.fit is not None:
+            # The slope interval's end nearest zero: project with the slowest leak the data allows.
+            slow = self.fit.high_gib_per_h
+            if slow < 0:
+                headroom_gib = (available - self.policy.threshold_bytes) / GIB
+                if headroom_gib / -slow * 3600.0 <= self.policy.projection_horizon_s:
+                    return StopReason.PROJECTED
+        return None
+
+    @property
+    def leak_flagged(self) -> bool:
+        return self.fit is not None and self.fit.leak_lower_bound_gib_per_h >= self.policy.leak_flag_gib_per_h
+
+
+# --- the curve ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float
+    available: int
+    psi: float | None
+    gpu_used: int | None
+
+
+def append_sample(path: Path, sample: Sample) -> None:
+    with path.open("a") as handle:
+        psi = "" if sample.psi is None else f"{sample.psi:.2f}"
+        gpu = "" if sample.gpu_used is None else str(sample.gpu_used)
+        handle.write(f"{sample.t:.3f},{sample.available},{psi},{gpu}\n")
+
+
+def read_curve(path: Path) -> Iterator[Sample]:
+    try:
+        handle = path.open()
+    except OSError:
+        return
+    with handle:
+        for row in csv.reader(handle):
+            if len(row) != 4:
+                continue  # a line torn by a kill mid-write
+            try:
+                yield Sample(
+                    float(row[0]), int(row[1]), float(row[2]) if row[2] else None, int(row[3]) if row[3] else None
+                )
+            except ValueError:
+                continue
+
+
+# --- supervision -------------------------------------------------------------------------------------------
+
+
+def run_dir_for(state_root: Path, spec: TrainingRunSpec, incarnation: int) -> Path:
+    return state_root / spec.name / f"incarnation-{incarnation:04d}"
+
+
+def artifact_dir_for(artifact_root: Path, spec: TrainingRunSpec, incarnation: int) -> Path:
+    return artifact_root / "training" / spec.name / f"incarnation-{incarnation:04d}"
+
+
+def validate_spec(spec: TrainingRunSpec) -> None:
+    """Everything that can be checked on the host before a trainer starts; raises TrainingInputError."""
+    cwd = spec.cwd.expanduser()
+    if not cwd.is_dir():
+        raise tp.TrainingInputError(f"the run's working directory {cwd} does not exist")
+    tp.resolve_command(spec.command, cwd, spec.env)
+    tp.check_writable_dir(spec.checkpoints.directory, "checkpoint directory")
+    total = _mem_total()
+    if spec.watchdog.budget_mib is None and spec.watchdog.threshold_bytes >= total:
+        raise tp.TrainingInputError(
+            f"min_available_gib {spec.watchdog.min_available_gib} is at or above this host's total memory "
+            f"({total / GIB:.1f} GiB): the run would be stopped at once"
+        )
+
+
+def _mem_total() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[bool]:
+    """Try the incarnation's lock without blocking; the kernel drops it when its holder dies (even SIGKILL)."""
+    handle = path.open("a")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        handle.close()
+
+
+class Supervisor:
+    """One segment's work. Built per call; everything durable is in `run_dir`."""
+
+    def __init__(
+        self,
+        inp: SuperviseInput,
+        *,
+        state_root: Path,
+        artifact_root: Path,
+        heartbeat: Heartbeat,
+        resume: dict[str, object] | None = None,
+    ):
+        self.inp = inp
+        self.spec = inp.spec
+        self.policy = inp.spec.watchdog
+        self.run_dir = run_dir_for(state_root, self.spec, inp.incarnation)
+        self.artifact_dir = artifact_dir_for(artifact_root, self.spec, inp.incarnation)
+        self.heartbeat = heartbeat
+        self.resume = resume or {}
+        self.rule = StopRule(self.policy)
+        self.samples = 0
+        self.last: Sample | None = None
+        self.pruned: list[str] = []
+        self.nvml: Nvml | None = None
+
+    # The segment --------------------------------------------------------------------------------------------
+
+    async def run(self) -> SegmentReport:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + self.policy.report_interval_s
+        while True:
+            with _locked(self.run_dir / "lock") as mine:
+                if mine:
+                    return await self._segment(deadline)
+            # Another attempt still holds the lock (its worker lost contact but lives): wait, never start twice.
+            self.heartbeat({"incarnation": self.inp.incarnation, "waiting_for_lock": True})
+            await asyncio.sleep(0.5)
+
+    async def _segment(self, deadline: float) -> SegmentReport:
+        record, attached = await self._attach_or_launch()
+        started_at = record.started_at if record else datetime.now(UTC)
+        if record is None:
+            return self._report(started_at, None, attached, death=self._death(None, started_at))
+        reader = reader_for(self.policy, record.pid)
+        self._restore_curve()
+        if self.nvml is None:
+            self.nvml = Nvml()
+        try:
+            if self.inp.stop_requested and record.is_alive():
+                await self._graceful_stop(record, StopReason.REQUESTED)
+            while record.is_alive() and time.monotonic() < deadline:
+                reason = self._sample(reader)
+                self._prune()
+                self._beat(record)
+                if reason is not None:
+                    await self._graceful_stop(record, reason)
+                    break
+                await asyncio.sleep(self._until_next_tick())
+        except asyncio.CancelledError:
+            await self._on_cancel(record)
+            raise
+        if record.is_alive():
+            return self._report(started_at, record, attached, death=None)
+        return self._report(started_at, record, attached, death=self._death(record, started_at))
+
+    async def _attach_or_launch(self) -> tuple[tp.TrainerRecord | None, bool]:
+        tp.reap_keepers()
+        intent = self.run_dir / tp.INTENT_FILE
+        if intent.exists():
+            # Launched before (by us or a predecessor): attach, or wait for the keeper's record.
+            record = await asyncio.to_thread(tp.wait_for_record, self.run_dir, LAUNCH_WAIT_S)
+            return record, True
+        validate_spec(self.spec)
+        self._write_oom_baseline()
+        intent.write_text(datetime.now(UTC).isoformat())
+        env = {
+            **self.spec.env,
+            "DAEDALUS_CHECKPOINT_DIR": str(self.spec.checkpoints.directory),
+            "DAEDALUS_CHECKPOINT_EVERY": str(self.spec.checkpoints.every_steps),
+        }
+        if self.inp.resume_from:
+            env["DAEDALUS_RESUME_FROM"] = self.inp.resume_from
+        tp.launch(
+            self.run_dir,
+            self.spec.command,
+            self.spec.cwd.expanduser(),
+            env,
+            self.policy.oom_score_adj,
+            marker=f"{self.spec.name}#{self.inp.incarnation}",
+        )
+        record = await asyncio.to_thread(tp.wait_for_record, self.run_dir, LAUNCH_WAIT_S)
+        log.info("trainer started", run=self.spec.name, incarnation=self.inp.incarnation, pid=record and record.pid)
+        return record, False
+
+    def _write_oom_baseline(self) -> None:
+        count = read_oom_kills()
+        if count is not None:
+            (self.run_dir / OOM_BASELINE_FILE).write_text(str(count))
+
+    def _restore_curve(self) -> None:
+        """Refill the stop rule from the curve on disk, so a re-attached watchdog keeps its window and count."""
+        cutoff = time.time() - self.policy.slope_window_s
+        for sample in read_curve(self.run_dir / CURVE_FILE):
+            if sample.t >= cutoff:
+                self.rule.observe(sample.t, sample.available)
+                self.last = sample
+        # Heartbeat details of a retried attempt are newer than a curve line torn by a kill.
+        consecutive = self.resume.get("consecutive")
+        if isinstance(consecutive, int):
+            self.rule.consecutive = max(self.rule.consecutive, consecutive)
+
+    def _sample(self, reader: MemoryReader) -> StopReason | None:
+        sample = Sample(
+            t=time.time(),
+            available=reader.available_bytes(),
+            psi=read_psi_some_avg10(),
+            gpu_used=self.nvml.used_bytes() if self.nvml else None,
+        )
+        append_sample(self.run_dir / CURVE_FILE, sample)
+        self.last = sample
+        self.samples += 1
+        return self.rule.observe(sample.t, sample.available)
+
+    def _until_next_tick(self) -> float:
+        interval = self.policy.sample_interval_s
+        # Tick on a fixed grid so that sampling cost does not stretch the interval.
+        return max(0.0, interval - (time.time() % interval))
+
+    def _prune(self) -> None:
+        self.pruned += [str(p) for p in prune_checkpoints(self.spec.checkpoints)]
+
+    def _beat(self, record: tp.TrainerRecord) -> None:
+        self.heartbeat(
+            {
+                "incarnation": self.inp.incarnation,
+                "pid": record.pid,
+                "samples": self.samples,
+                "consecutive": self.rule.consecutive,
+                "available_bytes": self.last.available if self.last else None,
+            }
+        )
+
+    # Stopping -----------------------------------------------------------------------------------------------
+
+    async def _graceful_stop(self, record: tp.TrainerRecord, reason: StopReason) -> None:
+        """Checkpoint signal -> grace -> SIGTERM to the group -> grace -> SIGKILL to the group."""
+        stop_path = self.run_dir / STOP_FILE
+        if not stop_path.exists():
+            tp.write_json_atomic(stop_path, {"reason": reason.value, "at": datetime.now(UTC).isoformat()})
+        log.info("stopping trainer", run=self.spec.name, pid=record.pid, reason=reason.value)
+        before = latest_checkpoint(self.spec.checkpoints)
+        if tp.signal_pid(record, signal.Signals[self.policy.checkpoint_signal]):
+            await self._wait(
+                record,
+                self.policy.checkpoint_grace_s,
+                lambda: latest_checkpoint(self.spec.checkpoints) != before,
+            )
+        if tp.signal_group(record.pgid, signal.SIGTERM):
+            await self._wait(record, self.policy.term_grace_s, lambda: not record.group_alive())
+        tp.signal_group(record.pgid, signal.SIGKILL)
+        await self._wait(record, 5.0, lambda: (self.run_dir / tp.EXIT_FILE).exists())
+
+    async def _wait(self, record: tp.TrainerRecord, timeout_s: float, done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and record.is_alive() and not done():
+            self.heartbeat({"incarnation": self.inp.incarnation, "stopping": True})
+            await asyncio.sleep(0.05)
+
+    async def _on_cancel(self, record: tp.TrainerRecord) -> None:
+        """A cancel from the workflow stops the trainer (group and all); a worker going away leaves it running
+        for the next worker to re-attach."""
+        from temporalio import activity
+
+        details = activity.cancellation_details() if activity.in_activity() else None
+        if details is not None and (details.worker_shutdown or details.paused):
+            return
+        await asyncio.shield(self._graceful_stop(record, StopReason.CANCELLED))
+
+    # Deaths -------------------------------------------------------------------------------------------------
+
+    def _death(self, record: tp.TrainerRecord | None, started_at: datetime) -> Death:
+        """Classify the incarnation's end once; a retried call returns the same recorded death."""
+        known = self.run_dir / DEATH_FILE
+        if known.exists():
+            return Death.model_validate_json(known.read_text())
+        death = self._classify_death(record, started_at)
+        tmp = known.with_suffix(".tmp")
+        tmp.write_text(death.model_dump_json())
+        os.replace(tmp, known)
+        return death
+
+    def _classify_death(self, record: tp.TrainerRecord | None, started_at: datetime) -> Death:
+        if record is not None:
+            # Whatever of the trainer's group survives its leader goes with it.
+            tp.signal_group(record.pgid, signal.SIGKILL)
+            deadline = time.monotonic() + 5.0
+            while not (self.run_dir / tp.EXIT_FILE).exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        exit_record = tp.ExitRecord.load(self.run_dir)
+        stop = tp.read_json(self.run_dir / STOP_FILE)
+        stop_reason = StopReason(str(stop["reason"])) if stop else None
+        ended_at = exit_record.ended_at if exit_record else datetime.now(UTC)
+        rc = exit_record.returncode if exit_record else None
+        cls, sig, summary = classify(rc, stop_reason, exit_record.error if exit_record else None)
+        oom_kills = self._oom_kills_delta()
+        if cls is DeathClass.KERNEL_OOM and oom_kills is not None:
+            summary += f"; kernel oom_kill counter +{oom_kills} during the run"
+        self._prune()  # the checkpoint written on our stop signal may push an older one out
+        artifacts = self._keep_evidence()
+        curve = list(read_curve(self.run_dir / CURVE_FILE))
+        checkpoint = latest_checkpoint(self.spec.checkpoints)
+        fit = self.rule.fit
+        return Death(
+            id=f"{self.spec.name}#{self.inp.incarnation}",
+            incarnation=self.inp.incarnation,
+            death_class=cls,
+            exit_code=rc,
+            signal=sig,
+            stop_reason=stop_reason,
+            started_at=started_at,
+            ended_at=ended_at,
+            lifetime_s=max(0.0, (ended_at - started_at).total_seconds()),
+            summary=summary,
+            last_checkpoint=str(checkpoint) if checkpoint else None,
+            min_available_gib=min(s.available for s in curve) / GIB if curve else None,
+            slope_gib_per_h=fit.gib_per_h if fit else None,
+            oom_kills_during_run=oom_kills,
+            oom_score_adj=record.oom_score_adj if record else None,
+            curve_path=artifacts[0],
+            log_tail_path=artifacts[1],
+        )
+
+    def _oom_kills_delta(self) -> int | None:
+        now = read_oom_kills()
+        try:
+            start = int((self.run_dir / OOM_BASELINE_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        return None if now is None else now - start
+
+    def _keep_evidence(self) -> tuple[str | None, str | None]:
+        """Copy the memory curve and the log's tail into the artifact store; history carries only the paths."""
+        self.artifact_dir.mkdir(parents=True, exist_ok=True)
+        curve_src = self.run_dir / CURVE_FILE
+        curve_dst = self.artifact_dir / "memory-curve.csv"
+        if curve_src.exists():
+            tmp = curve_dst.with_suffix(".tmp")
+            with tmp.open("w") as out:
+                out.write("unix_time,available_bytes,psi_some_avg10,gpu_used_bytes\n")
+                out.write(curve_src.read_text())
+            os.replace(tmp, curve_dst)
+        tail_dst = self.artifact_dir / "log-tail.txt"
+        tail = _tail(self.run_dir / tp.LOG_FILE, LOG_TAIL_BYTES)
+        tmp = tail_dst.with_suffix(".tmp")
+        tmp.write_text(tail)
+        os.replace(tmp, tail_dst)
+        return (str(curve_dst) if curve_dst.exists() else None, str(tail_dst))
+
+    def _report(
+        self, started_at: datetime, record: tp.TrainerRecord | None, attached: bool, death: Death | None
+    ) -> SegmentReport:
+        last = self.last
+        checkpoint = latest_checkpoint(self.spec.checkpoints)
+        fit = self.rule.fit
+        return SegmentReport(
+            incarnation=self.inp.incarnation,
+            trainer_pid=record.pid if record else None,
+            attached=attached,
+            started_at=started_at,
+            samples=self.samples,
+            memory_now=MemoryReading(
+                at=datetime.fromtimestamp(last.t, UTC),
+                available_bytes=last.available,
+                psi_some_avg10=last.psi,
+                gpu_used_bytes=last.gpu_used,
+            )
+            if last
+            else None,
+            slope_gib_per_h=fit.gib_per_h if fit else None,
+            leak_flagged=self.rule.leak_flagged,
+            last_checkpoint=str(checkpoint) if checkpoint else None,
+            checkpoints_pruned=self.pruned,
+            oom_score_adj=record.oom_score_adj if record else None,
+            death=death,
+        )
+
+
+def classify(
+    returncode: int | None, stop: StopReason | None, error: str | None = None
+) -> tuple[DeathClass, str | None, str]:
+    """(class, signal name, one-line summary) of an exit status, given whether we had asked it to stop."""
+    sig: str | None = None
+    if returncode is not None and returncode < 0:
+        sig = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
+    elif returncode in (137, 143):
+        sig = "SIGKILL" if returncode == 137 else "SIGTERM"  # 128 + n, as a shell reports a killed child
+    how = f"exit code {returncode}" if sig is None else f"killed by {sig}"
+    if stop is not None:
+        cls = DeathClass.REQUESTED_STOP if stop in (StopReason.REQUESTED, StopReason.CANCELLED) else DeathClass.WATCHDOG_STOP
+        return cls, sig, f"our graceful stop ({stop.value}); {how}"
+    if returncode is None:
+        return DeathClass.LOST, None, "the trainer is gone and its exit status was not recorded"
+    if error is not None:
+        return DeathClass.CRASH, None, f"could not start: {error}"
+    if sig == "SIGKILL":
+        return DeathClass.KERNEL_OOM, sig, "SIGKILL with no stop of ours (kernel OOM killer, presumed)"
+    if sig == "SIGTERM":
+        return DeathClass.OUTSIDE_SIGTERM, sig, "SIGTERM from someone else (earlyoom? systemd-oomd? a person?)"
+    if sig is not None:
+        return DeathClass.OUTSIDE_SIGNAL, sig, f"{how}, not sent by us"
+    if returncode == 0:
+        return DeathClass.CLEAN_EXIT, None, "exited cleanly"
+    return DeathClass.CRASH, None, f"crashed with {how}"
+
+
+def _tail(path: Path, limit: int) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - limit))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+async def supervise_segment(
+    inp: SuperviseInput,
+    *,
+    state_root: Path,
+    artifact_root: Path,
+    heartbeat: Heartbeat,
+    resume: dict[str, object] | None = None,
+) -> SegmentReport:
+    """Start or re-attach to incarnation `inp.incarnation` and watch it for one report interval."""
+    return await Supervisor(
+        inp, state_root=state_root, artifact_root=artifact_root, heartbeat=heartbeat, resume=resume
+    ).run()

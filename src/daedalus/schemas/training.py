@@ -1,0 +1,320 @@
+"""Training runs: the run as filed, its watchdog policy, its deaths, and its status as it lives."""
+
+from __future__ import annotations
+
+import signal
+from datetime import datetime
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+
+from daedalus.schemas._base import Model
+from daedalus.schemas.ticket import AgentName, ApprovalPolicy, Decision, DecisionRequest
+
+RUN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$"
+GIB = 1024**3
+MIB = 1024**2
+
+CHECKPOINT_MARKER = "COMPLETE"
+"""A checkpoint directory counts only once it holds this file, which the trainer writes last."""
+
+
+class MemorySource(StrEnum):
+    """Which reading the watchdog compares with the threshold."""
+
+    HOST = "host"
+    """Host-wide MemAvailable (psutil). The production reading: on unified-memory hosts cgroups and RSS do not
+    see GPU allocations, MemAvailable does."""
+    PROCESS_TREE = "process_tree"
+    """`budget_mib` minus the RSS of the trainer's process tree: hermetic, for tests and shared machines."""
+
+
+class WatchdogPolicy(Model):
+    """When the watchdog stops a run, and how. Defaults are the seed's guard rails (MEASUREMENT.md)."""
+
+    memory_source: MemorySource = MemorySource.HOST
+    budget_mib: int | None = Field(default=None, gt=0, description="process_tree only: the trainer's budget")
+    sample_interval_s: float = Field(default=1.0, ge=0.01, le=60)
+    min_available_gib: float = Field(default=14.0, gt=0, description="stop when available drops below this")
+    consecutive_samples: int = Field(default=2, ge=1, le=600)
+    slope_window_s: float = Field(default=900.0, gt=0, description="the leak fit looks this far back")
+    min_fit_span_s: float = Field(default=120.0, gt=0, description="no slope before this much history")
+    leak_flag_gib_per_h: float = Field(default=2.0, gt=0, description="flag a leak at least this fast")
+    projection_horizon_s: float = Field(
+        default=0.0, ge=0, description="stop early when the threshold is projected within this; 0 = off"
+    )
+    checkpoint_signal: str = Field(default="SIGUSR1", pattern=r"^SIG[A-Z0-9]+$")
+    checkpoint_grace_s: float = Field(default=60.0, ge=0)
+    term_grace_s: float = Field(default=30.0, ge=0)
+    oom_score_adj: int = Field(default=800, ge=-1000, le=1000)
+    report_interval_s: float = Field(
+        default=30.0, gt=0, description="how often the watchdog reports to the workflow (one activity segment)"
+    )
+
+    @field_validator("checkpoint_signal")
+    @classmethod
+    def _known_signal(cls, name: str) -> str:
+        if not hasattr(signal, name):
+            raise ValueError(f"unknown signal {name!r}; use a name such as SIGUSR1 or SIGUSR2")
+        return name
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WatchdogPolicy:
+        if self.memory_source is MemorySource.PROCESS_TREE and self.budget_mib is None:
+            raise ValueError("memory_source 'process_tree' needs budget_mib (the trainer's memory budget)")
+        if self.budget_mib is not None and self.min_available_gib * 1024 >= self.budget_mib:
+            raise ValueError(
+                f"min_available_gib {self.min_available_gib} GiB is not below budget_mib {self.budget_mib} MiB: "
+                "the run would be stopped at once; lower the threshold or raise the budget"
+            )
+        if self.min_fit_span_s > self.slope_window_s:
+            raise ValueError(f"min_fit_span_s {self.min_fit_span_s} exceeds slope_window_s {self.slope_window_s}")
+        return self
+
+    @property
+    def threshold_bytes(self) -> int:
+        return int(self.min_available_gib * GIB)
+
+
+class CheckpointPolicy(Model):
+    """Where the trainer writes checkpoints and how many complete ones to keep."""
+
+    directory: Path
+    every_steps: int = Field(default=10, ge=1, description="passed to the trainer as DAEDALUS_CHECKPOINT_EVERY")
+    keep: int = Field(default=2, ge=1, description="keep the latest K complete checkpoints")
+    marker: str = Field(default=CHECKPOINT_MARKER, min_length=1)
+
+
+class RestartPolicy(Model):
+    """What happens after a death, and when the death counter starts again."""
+
+    restart: bool = True
+    restart_delay_s: float = Field(default=10.0, ge=0)
+    escalate_after_deaths: int = Field(default=3, ge=1, le=20)
+    reset_after_stable_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="an incarnation that lives this long resets the death counter; None = only the decider does",
+    )
+
+
+class HuntPolicy(Model):
+    """Who hunts a repeating death, and where."""
+
+    agent: AgentName = AgentName.CODEX
+    model: str | None = None
+    repo: str | None = Field(default=None, description="the trainer's repository, for the agent")
+
+
+class TrainingRunSpec(Model):
+    """A training run as filed (`daedalus train start -f run.yaml`)."""
+
+    name: str = Field(pattern=RUN_NAME_PATTERN)
+    host: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+    command: list[str] = Field(min_length=1)
+    cwd: Path = Path(".")
+    env: dict[str, str] = Field(default_factory=dict)
+    checkpoints: CheckpointPolicy
+    watchdog: WatchdogPolicy = Field(default_factory=WatchdogPolicy)
+    restart: RestartPolicy = Field(default_factory=RestartPolicy)
+    hunt: HuntPolicy = Field(default_factory=HuntPolicy)
+    approval: ApprovalPolicy = Field(default_factory=ApprovalPolicy)
+    state_dir: Path | None = Field(default=None, description="pidfiles and curves; default <artifact dir>/training")
+    artifact_dir: Path | None = Field(default=None, description="default Settings().artifact_dir")
+    history_limit: int = Field(default=2000, ge=100, le=9000, description="continue-as-new past this many events")
+
+    @property
+    def workflow_id(self) -> str:
+        return f"training-{self.name}"
+
+
+class DeathClass(StrEnum):
+    KERNEL_OOM = "kernel_oom"
+    """SIGKILL with no stop of ours (the kernel's OOM killer; /proc/vmstat oom_kill tells if it was confirmed)."""
+    OUTSIDE_SIGTERM = "outside_sigterm"
+    """SIGTERM from someone else (earlyoom, systemd-oomd, a person)."""
+    OUTSIDE_SIGNAL = "outside_signal"
+    """Another signal from someone else."""
+    WATCHDOG_STOP = "watchdog_stop"
+    """Our graceful stop: memory below the threshold, or projected to be."""
+    REQUESTED_STOP = "requested_stop"
+    """Our graceful stop, asked for by a person (`train stop`)."""
+    CLEAN_EXIT = "clean_exit"
+    CRASH = "crash"
+    """A non-zero exit code."""
+    LOST = "lost"
+    """The exit status could not be recovered (the supervisor vanished with the trainer)."""
+
+
+COUNTED_DEATHS = frozenset(
+    {
+        DeathClass.KERNEL_OOM,
+        DeathClass.OUTSIDE_SIGTERM,
+        DeathClass.OUTSIDE_SIGNAL,
+        DeathClass.WATCHDOG_STOP,
+        DeathClass.CRASH,
+        DeathClass.LOST,
+    }
+)
+
+
+class StopReason(StrEnum):
+    THRESHOLD = "threshold"
+    PROJECTED = "projected"
+    REQUESTED = "requested"
+    CANCELLED = "cancelled"
+
+
+class MemoryReading(Model):
+    """One sample as the status shows it."""
+
+    at: datetime
+    available_bytes: int
+    psi_some_avg10: float | None = None
+    gpu_used_bytes: int | None = None
+
+    @property
+    def available_gib(self) -> float:
+        return self.available_bytes / GIB
+
+
+class Death(Model):
+    """One incarnation's end, classified, with paths to its evidence (the curve and log tail live on disk)."""
+
+    id: str = Field(description="<run>#<incarnation>: a duplicated report of the same death has the same id")
+    incarnation: int = Field(ge=1)
+    death_class: DeathClass
+    exit_code: int | None = None
+    signal: str | None = None
+    stop_reason: StopReason | None = None
+    started_at: datetime
+    ended_at: datetime
+    lifetime_s: float
+    summary: str
+    last_checkpoint: str | None = None
+    min_available_gib: float | None = None
+    slope_gib_per_h: float | None = None
+    oom_kills_during_run: int | None = Field(default=None, description="/proc/vmstat oom_kill delta")
+    oom_score_adj: int | None = None
+    curve_path: str | None = None
+    log_tail_path: str | None = None
+
+
+class SuperviseInput(Model):
+    """One segment of supervision: start (or attach to) incarnation `incarnation` and watch it for a while."""
+
+    spec: TrainingRunSpec
+    incarnation: int = Field(ge=1)
+    stop_requested: bool = False
+    resume_from: str | None = None
+
+
+class SegmentReport(Model):
+    """What one supervision segment saw; `death` is set when the incarnation ended."""
+
+    incarnation: int
+    trainer_pid: int | None = None
+    attached: bool = Field(default=False, description="True when this segment found the trainer already running")
+    started_at: datetime
+    samples: int = 0
+    memory_now: MemoryReading | None = None
+    slope_gib_per_h: float | None = None
+    leak_flagged: bool = False
+    last_checkpoint: str | None = None
+    checkpoints_pruned: list[str] = Field(default_factory=list)
+    oom_score_adj: int | None = None
+    death: Death | None = None
+
+
+class InvisiblePlayer(Model):
+    """Something on the host that may kill or starve a run without being part of it."""
+
+    kind: str = Field(description="earlyoom | systemd-oomd | swapoff-cron")
+    source: str = Field(description="pid <n>, or the file it was found in")
+    detail: str
+    thresholds: dict[str, str] = Field(default_factory=dict)
+
+
+class HostReport(Model):
+    host: str
+    players: list[InvisiblePlayer] = Field(default_factory=list)
+    swap_total_bytes: int = 0
+    swap_used_bytes: int = 0
+    mem_total_bytes: int = 0
+    psi_available: bool = False
+    nvml: str = Field(default="absent", description="absent | ok | not_supported | error: ...")
+    notes: list[str] = Field(default_factory=list)
+
+    def summary(self) -> str:
+        kinds = ", ".join(f"{p.kind} ({p.source})" for p in self.players) or "none"
+        swap = f"swap {self.swap_total_bytes / GIB:.1f} GiB" if self.swap_total_bytes else "no swap"
+        return f"invisible players: {kinds}; {swap}"
+
+
+class HostReportInput(Model):
+    host: str
+    proc_root: Path = Path("/proc")
+    etc_root: Path = Path("/etc")
+    crontab_roots: list[Path] = Field(default_factory=lambda: [Path("/var/spool/cron/crontabs"), Path("/var/spool/cron")])
+
+
+class StopTraining(Model):
+    requested_by: str = Field(min_length=1)
+    reason: str = "stopped by request"
+
+
+class RunState(StrEnum):
+    STARTING = "starting"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    AWAITING_DECISION = "awaiting_decision"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FINISHED = "finished"
+    GAVE_UP = "gave_up"
+
+
+class TrainingCarry(Model):
+    """What one workflow run hands the next across continue-as-new."""
+
+    state: RunState = RunState.STARTING
+    incarnation: int = 1
+    incarnation_started_at: datetime | None = None
+    deaths: list[Death] = Field(default_factory=list)
+    death_counter: int = 0
+    escalations: int = 0
+    hunting_tickets: list[str] = Field(default_factory=list)
+    pending_decision: DecisionRequest | None = None
+    decisions: list[Decision] = Field(default_factory=list)
+    stop: StopTraining | None = None
+    last_report: SegmentReport | None = None
+    host_report: HostReport | None = None
+    continued: int = 0
+
+
+class TrainingRunInput(Model):
+    """The one argument of TrainingRunWorkflow."""
+
+    spec: TrainingRunSpec
+    carry: TrainingCarry = Field(default_factory=TrainingCarry)
+
+
+class TrainingRunStatus(Model):
+    """The `status` query's answer."""
+
+    name: str
+    host: str
+    state: RunState
+    incarnation: int
+    memory_now: MemoryReading | None = None
+    slope_gib_per_h: float | None = None
+    leak_flagged: bool = False
+    last_checkpoint: str | None = None
+    trainer_pid: int | None = None
+    deaths: list[Death] = Field(default_factory=list)
+    death_counter: int = 0
+    hunting_tickets: list[str] = Field(default_factory=list)
+    pending_decision: DecisionRequest | None = None
+    host_report: HostReport | None = None
+    continued: int = 0
