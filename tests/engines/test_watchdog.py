@@ -165,7 +165,7 @@ async def test_clean_exit(tmp_path: Path) -> None:
 
 async def test_missing_command_is_a_clear_error_and_leaves_nothing(tmp_path: Path) -> None:
     spec = make_spec(tmp_path).model_copy(update={"command": ["no-such-trainer-xyz", "--go"]})
-    with pytest.raises(tp.TrainingInputError, match="no-such-trainer-xyz.*not on PATH"):
+    with pytest.raises(tp.TrainingInputError, match=r"no-such-trainer-xyz.*not on PATH"):
         await segment(spec)
     run_dir = run_dir_for(tmp_path / "state", spec, 1)
     assert not (run_dir / tp.INTENT_FILE).exists()
@@ -177,7 +177,7 @@ async def test_unwritable_checkpoint_dir_is_a_clear_error(tmp_path: Path) -> Non
     blocker.write_text("")
     spec = make_spec(tmp_path)
     spec = spec.model_copy(update={"checkpoints": CheckpointPolicy(directory=blocker / "ckpt", keep=2)})
-    with pytest.raises(tp.TrainingInputError, match="checkpoint directory .* is not writable"):
+    with pytest.raises(tp.TrainingInputError, match=r"checkpoint directory .* is not writable"):
         await segment(spec)
     assert not trainers_of(spec)
 
