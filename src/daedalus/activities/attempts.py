@@ -1,30 +1,48 @@
-"""Run one attempt of a coding agent in its own worktree (host queue). Idempotent across retries."""
+"""Run one attempt of a coding agent in its own worktree (host queue). Idempotent across retries.
+
+A retried activity never starts a second agent: `result.json` means the attempt is over (hand it back);
+`running.json` means an agent was started (follow it to its end, or record that it ended unseen).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 
+import structlog
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from daedalus.activities.workspace import Workspace
 from daedalus.agents import worktree as wt
-from daedalus.agents.registry import AgentUnavailable, agent_for
-from daedalus.schemas.agents import AgentResult, AgentTask, ExitReason
+from daedalus.agents.base import RESULT_FILE, RUNNING_FILE, USAGE_FILE, AgentConfigError, RunningRecord
+from daedalus.agents.cli import CliAgent
+from daedalus.agents.costs import load_usage
+from daedalus.agents.lessons import read_lessons
+from daedalus.agents.prompt import build_prompt
+from daedalus.agents.registry import CodingAgent, agent_for
+from daedalus.agents.settings import AgentSettings
+from daedalus.schemas.agents import AgentResult, AgentTask, AgentUsage, ExitReason
 from daedalus.schemas.steps import AttemptInput
+
+log = structlog.get_logger(__name__)
 
 
 class AttemptActivities:
-    def __init__(self, workspace: Workspace):
+    def __init__(self, workspace: Workspace, settings: AgentSettings | None = None):
         self.workspace = workspace
+        self.settings = settings
 
     @activity.defn(name="run_attempt")
     async def run_attempt(self, request: AttemptInput) -> AgentResult:
         spec = request.spec
         if spec.agent is None or spec.engine is None:
             raise ApplicationError(f"ticket {spec.id} has no agent or engine to attempt", non_retryable=True)
+        check_allowed_paths(spec.allowed_paths)
+        settings = self.settings or AgentSettings()
         artifacts = self.workspace.attempt_artifacts(spec.id, request.attempt)
-        result_file = artifacts / "result.json"
+        result_file = artifacts / RESULT_FILE
         if result_file.exists():
             # A retry after the agent finished: hand back what it did, never run it twice.
             return AgentResult.model_validate_json(result_file.read_text())
@@ -36,7 +54,10 @@ class AttemptActivities:
                 f"engine repo {repo} is not a git checkout on host {spec.host}; clone it there first",
                 non_retryable=True,
             )
-        base = wt.prepare_worktree(repo=repo, base_commit=spec.engine.base_commit, worktree=worktree, branch=branch)
+        try:
+            base = wt.prepare_worktree(repo=repo, base_commit=spec.engine.base_commit, worktree=worktree, branch=branch)
+        except wt.GitError as error:
+            raise ApplicationError(f"cannot prepare the attempt's worktree: {error}", non_retryable=True) from error
         task = AgentTask(
             ticket_id=spec.id,
             attempt=request.attempt,
@@ -47,36 +68,131 @@ class AttemptActivities:
             worktree=str(worktree),
             branch=branch,
             allowed_paths=spec.allowed_paths,
+            title=spec.title,
+            spec=spec.spec,
+            constraints=spec.constraints,
+            lessons=read_lessons(self.workspace.root, spec.engine.name),
+            engine=spec.engine.name,
+            idle_timeout_s=settings.idle_timeout_s,
+            max_turns=settings.max_turns,
         )
-        if wt.commits_since(worktree, base):
-            result = _committed_earlier(task, base, artifacts)
-        else:
-            (artifacts / "brief.md").write_text(request.brief)
-            try:
-                agent = agent_for(spec.agent)
-            except AgentUnavailable as error:
-                raise ApplicationError(str(error), non_retryable=True) from error
-            result = await agent.run(
-                task, log_path=artifacts / "transcript.log", heartbeat=activity.heartbeat
-            )
+        agent = agent_for(spec.agent, settings)
+        repo_status = wt.git("status", "--porcelain", cwd=repo)
+        started = time.time()
+        try:
+            result = await self._run_or_follow(task, agent, artifacts, base)
+        except asyncio.CancelledError:
+            if isinstance(agent, CliAgent) and _leave_agent_running():
+                raise  # the activity timed out, not the ticket: the retry follows the same agent
+            _write_result(artifacts, _cancelled(task, agent, artifacts, started))
+            raise
+        if wt.git("status", "--porcelain", cwd=repo) != repo_status:
+            result = result.model_copy(update={
+                "exit_reason": ExitReason.FORBIDDEN,
+                "detail": f"the agent changed the engine checkout {repo} outside its worktree; "
+                f"inspect `git -C {repo} status`. {result.detail}",
+            })
+        elif result.exit_reason is ExitReason.COMMITTED and not wt.commits_since(worktree, base) and wt.commit_all(
+            worktree, f"ticket {task.ticket_id} attempt {task.attempt}: changes left uncommitted by {agent.name}"
+        ):
+            result = result.model_copy(update={"detail": result.detail + "; the agent left its changes "
+                                                "uncommitted, daedalus committed them"})
         result = verify(task, result, base)
-        tmp = result_file.with_suffix(".tmp")
-        tmp.write_text(result.model_dump_json(indent=2))
-        tmp.replace(result_file)
+        _write_result(artifacts, result)
+        log.info("attempt finished", ticket_id=task.ticket_id, attempt=task.attempt, summary=result.summary())
         return result
 
+    async def _run_or_follow(self, task: AgentTask, agent: CodingAgent, artifacts: Path, base: str) -> AgentResult:
+        (artifacts / "prompt.md").write_text(build_prompt(task))
+        running = RunningRecord.read(artifacts / RUNNING_FILE)
+        if running is not None:
+            log.info("attempt already started; following it", pid=running.pid, kind=running.kind,
+                     progress=activity.info().heartbeat_details[:1])
+            if running.kind == "process" and isinstance(agent, CliAgent):
+                return await agent.attach(task, running, artifacts=artifacts, heartbeat=activity.heartbeat,
+                                          keep_on_cancel=_leave_agent_running)
+            return await _wait_for_worker(task, agent, running, artifacts)
+        if wt.commits_since(Path(task.worktree), base):
+            return _committed_earlier(task, agent, artifacts)
+        try:
+            return await agent.run(task, artifacts=artifacts, heartbeat=activity.heartbeat,
+                                   keep_on_cancel=_leave_agent_running)
+        except AgentConfigError as error:
+            return AgentResult(
+                ticket_id=task.ticket_id, attempt=task.attempt, agent=agent.label, exit_reason=ExitReason.FAILED,
+                branch=task.branch, detail=str(error), artifacts=str(artifacts),
+            )
 
-def _committed_earlier(task: AgentTask, base: str, artifacts: Path) -> AgentResult:
+
+def check_allowed_paths(allowed: list[str]) -> None:
+    """Allowed paths are relative and stay in the worktree; anything else is a spec error, not a retry."""
+    bad = [p for p in allowed if Path(p).is_absolute() or p.startswith("~") or ".." in Path(p).parts]
+    if bad:
+        raise ApplicationError(
+            f"allowed_paths {bad} point outside the worktree; give paths relative to the repository root "
+            "such as 'vllm/attention' (or '.' for all of it)",
+            non_retryable=True,
+        )
+
+
+def _leave_agent_running() -> bool:
+    """Only a timed-out or lost activity attempt leaves its agent for the retry; a cancelled ticket kills it."""
+    try:
+        details = activity.cancellation_details()
+    except RuntimeError:
+        return False
+    return bool(details and (details.timed_out or details.not_found) and not details.cancel_requested)
+
+
+async def _wait_for_worker(
+    task: AgentTask, agent: CodingAgent, running: RunningRecord, artifacts: Path
+) -> AgentResult:
+    """An in-worker agent (tool loop, scripted) cannot be adopted: wait for its worker, or record its loss."""
+    result_file = artifacts / RESULT_FILE
+    while running.alive() and not result_file.exists():
+        activity.heartbeat({"waiting_for_pid": running.pid})
+        await asyncio.sleep(0.5)
+    if result_file.exists():
+        return AgentResult.model_validate_json(result_file.read_text())
+    return AgentResult(
+        ticket_id=task.ticket_id, attempt=task.attempt, agent=agent.label, exit_reason=ExitReason.FAILED,
+        branch=task.branch, usage=load_usage(artifacts / USAGE_FILE) or AgentUsage(), artifacts=str(artifacts),
+        detail=f"the worker (pid {running.pid}) running this attempt stopped before it finished; "
+        "not restarting the agent, which would pay for the attempt twice",
+    )
+
+
+def _cancelled(task: AgentTask, agent: CodingAgent, artifacts: Path, started: float) -> AgentResult:
+    try:
+        details = activity.cancellation_details()
+    except RuntimeError:
+        details = None
+    why = "the ticket was cancelled" if details is None or details.cancel_requested else f"activity ended: {details}"
+    return AgentResult(
+        ticket_id=task.ticket_id, attempt=task.attempt, agent=agent.label, exit_reason=ExitReason.CANCELLED,
+        branch=task.branch, usage=load_usage(artifacts / USAGE_FILE) or AgentUsage(), artifacts=str(artifacts),
+        detail=f"cancelled ({why}); the agent's process group was killed",
+        duration_s=round(time.time() - started, 3),
+    )
+
+
+def _write_result(artifacts: Path, result: AgentResult) -> None:
+    tmp = artifacts / (RESULT_FILE + ".tmp")
+    tmp.write_text(result.model_dump_json(indent=2))
+    tmp.replace(artifacts / RESULT_FILE)
+    (artifacts / RUNNING_FILE).unlink(missing_ok=True)
+
+
+def _committed_earlier(task: AgentTask, agent: CodingAgent, artifacts: Path) -> AgentResult:
     """The agent committed before the worker died, but no result was written: take the commit, not a rerun."""
-    worktree = Path(task.worktree)
     return AgentResult(
         ticket_id=task.ticket_id,
         attempt=task.attempt,
-        agent=task.agent.name.value,
+        agent=agent.label,
         exit_reason=ExitReason.COMMITTED,
         branch=task.branch,
-        commit=wt.git("rev-parse", "HEAD", cwd=worktree),
-        transcript=str(artifacts / "transcript.log"),
+        usage=load_usage(artifacts / USAGE_FILE) or AgentUsage(),
+        artifacts=str(artifacts),
         detail="recovered the commit of an attempt whose worker stopped before recording it",
     )
 
@@ -86,16 +202,24 @@ def verify(task: AgentTask, result: AgentResult, base: str) -> AgentResult:
     worktree = Path(task.worktree)
     commits = wt.commits_since(worktree, base)
     if not commits:
-        reason = result.exit_reason if result.exit_reason is not ExitReason.COMMITTED else ExitReason.NO_COMMIT
-        return result.model_copy(update={"exit_reason": reason, "commit": None})
+        if result.exit_reason is ExitReason.COMMITTED:
+            return result.model_copy(update={
+                "exit_reason": ExitReason.NO_COMMIT, "commit": None,
+                "detail": f"no commit on {task.branch} and nothing changed; {result.detail}",
+            })
+        return result.model_copy(update={"commit": None})
     outside = wt.outside_allowed(wt.changed_paths(worktree, base), task.allowed_paths)
     if outside:
-        return result.model_copy(
-            update={
-                "exit_reason": ExitReason.FORBIDDEN,
-                "detail": f"the commit touches paths the spec does not allow: {outside}; allowed: {task.allowed_paths}",
-            }
-        )
+        return result.model_copy(update={
+            "exit_reason": ExitReason.FORBIDDEN, "commit": None, "diff_stat": wt.diff_stat(worktree, base),
+            "detail": f"the commit touches paths the spec does not allow: {outside}; allowed: {task.allowed_paths}",
+        })
+    if result.exit_reason is not ExitReason.COMMITTED:
+        # A commit from an attempt that timed out, overspent or was cancelled does not count.
+        return result.model_copy(update={
+            "commit": None, "diff_stat": wt.diff_stat(worktree, base),
+            "detail": f"{result.detail}; its commit {commits[0][:10]} is not counted",
+        })
     return result.model_copy(
         update={"commit": commits[0], "diff_stat": wt.diff_stat(worktree, base), "exit_reason": ExitReason.COMMITTED}
     )

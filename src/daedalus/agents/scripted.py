@@ -2,24 +2,37 @@
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from daedalus.agents import worktree as wt
+from daedalus.agents.base import RUNNING_FILE, Heartbeat, RunningRecord
 from daedalus.processes import run_logged
 from daedalus.schemas.agents import AgentResult, AgentTask, AgentUsage, ExitReason
 
 LABEL = "scripted (demo/test agent: applies the spec's patch; no model involved)"
+LOG_FILE = "transcript.log"
 
 
 class ScriptedAgent:
     """Deterministic stand-in for a coding agent: `git apply` the patch, run the commands, commit."""
 
     name = "scripted"
+    label = LABEL
 
-    async def run(self, task: AgentTask, *, log_path: Path, heartbeat: Callable[[], None]) -> AgentResult:
+    async def run(
+        self, task: AgentTask, *, artifacts: Path, heartbeat: Heartbeat,
+        keep_on_cancel: Callable[[], bool] = lambda: False,
+    ) -> AgentResult:
+        started = time.time()
         worktree = Path(task.worktree)
-        base = wt.git("merge-base", "HEAD", task.base_commit, cwd=worktree)
+        log_path = artifacts / LOG_FILE
+        RunningRecord.of(os.getpid(), kind="worker", agent=self.name).write(artifacts / RUNNING_FILE)
+
+        def beat() -> None:
+            heartbeat({"agent": self.name})
 
         def result(reason: ExitReason, detail: str, commit: str | None = None) -> AgentResult:
             return AgentResult(
@@ -29,31 +42,28 @@ class ScriptedAgent:
                 exit_reason=reason,
                 branch=task.branch,
                 commit=commit,
-                diff_stat=wt.diff_stat(worktree, base) if commit else "",
                 transcript=str(log_path),
-                usage=AgentUsage(cost_usd=0.0, cost_source="provider"),
-                detail=detail,
+                # No model ran: there are no tokens, and no provider to report a cost. Say so, not "$0.00".
+                usage=AgentUsage(cost_usd=None, cost_source="unavailable", model=None),
+                detail=f"[scripted] {detail}",
+                duration_s=round(time.time() - started, 3),
+                artifacts=str(artifacts),
             )
 
         if task.agent.patch:
-            patch_file = log_path.with_suffix(".patch")
+            patch_file = artifacts / "spec.patch"
             patch_file.write_text(task.agent.patch)
             applied = await run_logged(
                 f"git apply --whitespace=nowarn {patch_file}",
-                cwd=worktree, log_path=log_path, timeout_s=60, heartbeat=heartbeat,
+                cwd=worktree, log_path=log_path, timeout_s=60, heartbeat=beat,
             )
             if applied.returncode != 0:
                 return result(ExitReason.FAILED, f"patch does not apply: {applied.tail(800)}")
         for command in task.agent.commands:
-            done = await run_logged(command, cwd=worktree, log_path=log_path, timeout_s=task.timeout_s, heartbeat=heartbeat)
+            done = await run_logged(command, cwd=worktree, log_path=log_path, timeout_s=task.timeout_s, heartbeat=beat)
             if done.returncode != 0:
                 return result(ExitReason.FAILED, f"command {command!r} exited {done.returncode}: {done.tail(800)}")
-        wt.git("add", "-A", cwd=worktree)
-        if not wt.git("status", "--porcelain", cwd=worktree):
+        if not wt.commit_all(worktree, f"ticket {task.ticket_id} attempt {task.attempt} (scripted)",
+                             author="daedalus-scripted"):
             return result(ExitReason.NO_COMMIT, "the patch and commands changed nothing")
-        wt.git(
-            "-c", "user.name=daedalus-scripted", "-c", "user.email=scripted@daedalus.local",
-            "commit", "-q", "-m", f"ticket {task.ticket_id} attempt {task.attempt} (scripted)",
-            cwd=worktree,
-        )
         return result(ExitReason.COMMITTED, "applied the spec's patch", commit=wt.git("rev-parse", "HEAD", cwd=worktree))

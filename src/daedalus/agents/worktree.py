@@ -57,3 +57,15 @@ def outside_allowed(paths: list[str], allowed: list[str]) -> list[str]:
         return []
     prefixes = [a.rstrip("/") + "/" for a in allowed]
     return [p for p in paths if p not in allowed and not any(p.startswith(pre) for pre in prefixes)]
+
+
+def commit_all(worktree: Path, message: str, *, author: str = "daedalus") -> bool:
+    """Commit every change left in the worktree; False when there was nothing to commit."""
+    git("add", "-A", cwd=worktree)
+    if not git("status", "--porcelain", cwd=worktree):
+        return False
+    git(
+        "-c", f"user.name={author}", "-c", f"user.email={author}@daedalus.local",
+        "commit", "-q", "--no-verify", "-m", message, cwd=worktree,
+    )
+    return True

@@ -8,6 +8,8 @@ from pydantic import Field
 from daedalus.schemas._base import Model
 from daedalus.schemas.ticket import AgentSpec
 
+CostSource = Literal["provider", "estimated", "unavailable"]
+
 
 class AgentTask(Model):
     """One attempt at a ticket, in its own worktree and branch off the ticket's base commit."""
@@ -22,6 +24,13 @@ class AgentTask(Model):
     branch: str
     allowed_paths: list[str] = Field(default_factory=lambda: ["."])
     timeout_s: int = Field(default=3600, gt=0)
+    title: str = ""
+    spec: str = Field(default="", description="the ticket's spec text, as filed")
+    constraints: list[str] = Field(default_factory=list)
+    lessons: list[str] = Field(default_factory=list, description="lessons recorded for this engine")
+    engine: str = ""
+    idle_timeout_s: int = Field(default=600, gt=0, description="kill the agent after this long without an event")
+    max_turns: int = Field(default=40, ge=1)
 
 
 class ExitReason(StrEnum):
@@ -35,10 +44,20 @@ class ExitReason(StrEnum):
 
 
 class AgentUsage(Model):
+    """Tokens and dollars of one attempt. `cost_usd` is None unless someone actually knows it."""
+
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_input_tokens: int = 0
     cost_usd: float | None = None
-    cost_source: Literal["provider", "estimated", "unavailable"] = "unavailable"
+    cost_source: CostSource = "unavailable"
+    model: str | None = None
+    turns: int = 0
+
+    def cost_label(self) -> str:
+        if self.cost_usd is None or self.cost_source == "unavailable":
+            return "cost unavailable"
+        return f"${self.cost_usd:.4f} ({self.cost_source})"
 
 
 class AgentResult(Model):
@@ -55,3 +74,44 @@ class AgentResult(Model):
     usage: AgentUsage = Field(default_factory=AgentUsage)
     claimed_success: bool | None = None
     detail: str = ""
+    duration_s: float | None = None
+    artifacts: str | None = Field(default=None, description="the attempt's artifact directory")
+
+    def summary(self) -> str:
+        """One line per attempt, so attempts read side by side in an escalation."""
+        commit = self.commit[:10] if self.commit else "no commit"
+        claim = {True: "claimed success", False: "claimed failure", None: "no claim"}[self.claimed_success]
+        tokens = f"{self.usage.input_tokens}+{self.usage.output_tokens} tok"
+        detail = " ".join(self.detail.split())[:160]
+        took = f", {self.duration_s:.0f}s" if self.duration_s is not None else ""
+        return (
+            f"attempt {self.attempt} [{self.agent.split(' ')[0]}] {self.exit_reason.value}: {commit}"
+            f" ({self.diff_stat or 'no diff'}); {claim}; {tokens}, {self.usage.cost_label()}{took}"
+            + (f" — {detail}" if detail else "")
+        )
+
+
+class SpecDraftRequest(Model):
+    """A short request in the team's words, for the lead agent to turn into a draft ticket spec."""
+
+    request: str = Field(min_length=1, max_length=4000)
+    ticket_id: str | None = None
+    host: str | None = None
+
+
+class SpecDraft(Model):
+    """A draft spec from the lead agent: validated, but a human or policy still approves it."""
+
+    spec_json: str | None = Field(default=None, description="a TicketSpec as JSON; None when drafting failed")
+    problems: list[str] = Field(default_factory=list)
+    lead: str = Field(description="which lead produced it, or why none could")
+    usage: AgentUsage = Field(default_factory=AgentUsage)
+
+
+class Narrative(Model):
+    """Narrative lines for a report; `by_model` False means the facts are shown as they are, without a model."""
+
+    lines: list[str]
+    by_model: bool
+    note: str = ""
+    usage: AgentUsage = Field(default_factory=AgentUsage)

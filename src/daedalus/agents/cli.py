@@ -1,0 +1,239 @@
+"""Coding agents that are programs (Codex CLI, Claude Code): spawn, stream JSONL, supervise, attach again.
+
+The agent's stdout goes straight to `events.jsonl` in the attempt's artifact dir and is tailed from there, so
+a retried activity (a new worker, or the same one after a timeout) can attach to a still-running agent and
+read its whole event stream instead of starting a second one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from daedalus.agents.base import (
+    EVENTS_FILE,
+    RUNNING_FILE,
+    STDERR_FILE,
+    USAGE_FILE,
+    AgentConfigError,
+    AgentViolation,
+    Heartbeat,
+    RunningRecord,
+    Throttle,
+    make_result,
+)
+from daedalus.agents.costs import BudgetExceeded, CostMeter
+from daedalus.agents.prompt import build_prompt, claimed_success
+from daedalus.agents.settings import AgentSettings
+from daedalus.agents.tools import ForbiddenCommand, PathEscape, Toolbox
+from daedalus.processes import kill_group
+from daedalus.schemas.agents import AgentResult, AgentTask, ExitReason
+
+log = structlog.get_logger(__name__)
+POLL_S = 0.05
+
+
+class EventParser(ABC):
+    """Reads one agent's JSONL events into usage, a final message and violations."""
+
+    def __init__(self, task: AgentTask, meter: CostMeter, toolbox: Toolbox):
+        self.task = task
+        self.meter = meter
+        self.toolbox = toolbox
+        self.final_text: str | None = None
+        self.error: str | None = None
+        self.claimed: bool | None = None
+        self.events = 0
+        self.last_type = ""
+
+    def feed_line(self, line: bytes) -> None:
+        line = line.strip()
+        if not line:
+            return
+        self.events += 1
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            self.last_type = "non-json"
+            return
+        if isinstance(event, dict):
+            self.last_type = str(event.get("type", ""))
+            self.feed(event)
+
+    @abstractmethod
+    def feed(self, event: dict[str, Any]) -> None: ...
+
+    def check_command(self, command: str) -> None:
+        try:
+            self.toolbox.check_command(command)
+        except ForbiddenCommand as error:
+            raise AgentViolation(f"agent ran a forbidden command: {error}") from error
+
+    def check_path(self, path: str) -> None:
+        try:
+            self.toolbox.resolve(path)
+        except PathEscape as error:
+            raise AgentViolation(f"agent wrote outside its worktree: {error}") from error
+
+
+class CliAgent(ABC):
+    """A coding agent run as a child process in its own session, its events streamed from a file."""
+
+    name: str
+    label: str
+
+    def __init__(self, settings: AgentSettings):
+        self.settings = settings
+
+    @abstractmethod
+    def argv(self, task: AgentTask) -> list[str]: ...
+
+    @abstractmethod
+    def parser(self, task: AgentTask, meter: CostMeter, toolbox: Toolbox) -> EventParser: ...
+
+    def model(self, task: AgentTask) -> str | None:
+        return task.agent.model
+
+    def env(self, task: AgentTask) -> dict[str, str]:
+        return {**os.environ}
+
+    async def run(
+        self, task: AgentTask, *, artifacts: Path, heartbeat: Heartbeat,
+        keep_on_cancel: Callable[[], bool] = lambda: False,
+    ) -> AgentResult:
+        argv = self.argv(task)
+        if shutil.which(argv[0]) is None:
+            raise AgentConfigError(
+                f"{self.name} executable {argv[0]!r} not found on this host; install it or set "
+                f"DAEDALUS_AGENT_{self.name.upper()}_BIN to its path"
+            )
+        started = time.time()
+        with (artifacts / EVENTS_FILE).open("ab") as out, (artifacts / STDERR_FILE).open("ab") as err:
+            process = await asyncio.create_subprocess_exec(
+                *argv, cwd=task.worktree, env=self.env(task), stdin=asyncio.subprocess.PIPE,
+                stdout=out, stderr=err, start_new_session=True,
+            )
+        record = RunningRecord.of(process.pid, kind="process", agent=self.name)
+        record.write(artifacts / RUNNING_FILE)
+        log.info("agent started", agent=self.name, pid=process.pid, ticket_id=task.ticket_id, attempt=task.attempt)
+        assert process.stdin is not None
+        try:
+            # The prompt goes on stdin, which is then closed: the agent never waits on a terminal.
+            process.stdin.write(build_prompt(task).encode())
+            await process.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        finally:
+            process.stdin.close()
+        return await self._supervise(
+            task, record, artifacts=artifacts, heartbeat=heartbeat, started=started,
+            alive=lambda: process.returncode is None, reap=process.wait, keep_on_cancel=keep_on_cancel,
+        )
+
+    async def attach(
+        self, task: AgentTask, record: RunningRecord, *, artifacts: Path, heartbeat: Heartbeat,
+        keep_on_cancel: Callable[[], bool] = lambda: False,
+    ) -> AgentResult:
+        """Follow an agent a previous activity attempt started; it may still run, or have finished unseen."""
+
+        async def reap() -> int:
+            while record.alive():
+                await asyncio.sleep(POLL_S)
+            return -1
+
+        return await self._supervise(
+            task, record, artifacts=artifacts, heartbeat=heartbeat, started=record.started_at,
+            alive=record.alive, reap=reap, keep_on_cancel=keep_on_cancel, attached=True,
+        )
+
+    async def _supervise(
+        self, task: AgentTask, record: RunningRecord, *, artifacts: Path, heartbeat: Heartbeat, started: float,
+        alive: Callable[[], bool], reap: Callable[[], Any], keep_on_cancel: Callable[[], bool],
+        attached: bool = False,
+    ) -> AgentResult:
+        meter = CostMeter(model=self.model(task), budget_usd=task.agent.budget_usd, path=artifacts / USAGE_FILE)
+        parser = self.parser(task, meter, Toolbox(Path(task.worktree), deny=self.settings.deny_commands))
+        beat = Throttle(heartbeat)
+        stopped: ExitReason | None = None
+        detail = ""
+        events_path = artifacts / EVENTS_FILE
+        wall_deadline = started + task.timeout_s
+        with events_path.open("rb") as reader:
+            buffer = b""
+            last_event = time.monotonic()
+
+            def drain(final: bool) -> None:
+                nonlocal buffer, last_event
+                chunk = reader.read()
+                if chunk:
+                    last_event = time.monotonic()
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        parser.feed_line(line)
+                if final and buffer:
+                    parser.feed_line(buffer)
+                    buffer = b""
+
+            try:
+                while True:
+                    exited = not alive()
+                    drain(final=exited)
+                    if exited:
+                        break
+                    now = time.monotonic()
+                    if now - last_event > task.idle_timeout_s:
+                        stopped, detail = ExitReason.TIMEOUT, f"no event from {self.name} for {task.idle_timeout_s}s"
+                        break
+                    if time.time() > wall_deadline:
+                        stopped, detail = ExitReason.TIMEOUT, f"{self.name} ran past its {task.timeout_s}s limit"
+                        break
+                    beat({"pid": record.pid, "events": parser.events, "last": parser.last_type})
+                    await asyncio.sleep(POLL_S)
+            except BudgetExceeded as error:
+                stopped, detail = ExitReason.BUDGET_EXCEEDED, str(error)
+            except AgentViolation as error:
+                stopped, detail = ExitReason.FORBIDDEN, str(error)
+            except asyncio.CancelledError:
+                if keep_on_cancel():
+                    log.info("activity attempt ended; agent left running for the retry", pid=record.pid)
+                    raise
+                await asyncio.to_thread(kill_group, record.pid)
+                raise
+            if stopped is not None:
+                await asyncio.to_thread(kill_group, record.pid)
+            returncode = await reap()
+            with contextlib.suppress(BudgetExceeded, AgentViolation):
+                drain(final=True)  # what the agent wrote before it went: usage is kept even when aborted
+        (artifacts / RUNNING_FILE).unlink(missing_ok=True)
+        if stopped is None:
+            stopped, detail = self.outcome(parser, returncode, artifacts, attached=attached)
+        claimed = parser.claimed if parser.claimed is not None else claimed_success(parser.final_text)
+        return make_result(
+            task, label=self.label, reason=stopped, meter=meter, transcript=events_path, detail=detail,
+            claimed=claimed, started=started,
+        )
+
+    def outcome(
+        self, parser: EventParser, returncode: int, artifacts: Path, *, attached: bool
+    ) -> tuple[ExitReason, str]:
+        if parser.error:
+            return ExitReason.FAILED, f"{self.name} reported an error: {parser.error}"
+        if returncode not in (0, -1):
+            tail = (artifacts / STDERR_FILE).read_bytes()[-600:].decode(errors="replace").strip()
+            return ExitReason.FAILED, f"{self.name} exited {returncode}: {tail or 'no stderr'}"
+        if parser.events == 0:
+            return ExitReason.FAILED, f"{self.name} produced no events"
+        note = " (followed after a worker retry)" if attached else ""
+        # COMMITTED here only means "finished"; verification against the branch decides.
+        return ExitReason.COMMITTED, f"{self.name} finished{note}"
