@@ -107,10 +107,18 @@ class EngineAdapter(abc.ABC):
         if port_in_use(port):
             raise EngineError(f"port {port} is in use; pick another port or stop whatever listens there")
 
-    async def launch(self, model: Path, port: int, log_path: Path, *, timeout_s: float = 120.0) -> Server:
+    async def launch(
+        self,
+        model: Path,
+        port: int,
+        log_path: Path,
+        *,
+        timeout_s: float = 120.0,
+        memory_limit_bytes: int | None = None,
+    ) -> Server:
         """Start the server and wait until it is healthy; on failure nothing is left running."""
         self.validate(model, port)
-        process = GroupProcess(self.command(model, port), log_path, self.environment())
+        process = GroupProcess(self.command(model, port), log_path, self.environment(), memory_limit_bytes)
         process.start()
         server = Server(self, process, port, model)
         try:

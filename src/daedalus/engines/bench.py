@@ -205,8 +205,8 @@ def concurrency_result(side: Side, users: int) -> ConcurrencyResult:
     decode = server if use_server else client
     summary = None
     if decode:
-        s = summarize(decode)
-        summary = Summary(n=s.n, median=s.median, ci_low=s.ci_low, ci_high=s.ci_high, cv=s.cv)
+        stats = summarize(decode)
+        summary = Summary(n=stats.n, median=stats.median, ci_low=stats.ci_low, ci_high=stats.ci_high, cv=stats.cv)
     return ConcurrencyResult(
         users=users,
         preset=side.name,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -70,10 +71,17 @@ def kill_group(pgid: int, grace_s: float = 5.0) -> None:
 class GroupProcess:
     """A long-running child (a server) in its own session, its output appended to a log file."""
 
-    def __init__(self, argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        memory_limit_bytes: int | None = None,
+    ) -> None:
         self.argv = list(argv)
         self.log_path = log_path
         self.env = dict(env or {})
+        self.memory_limit_bytes = memory_limit_bytes
         self._popen: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -87,8 +95,14 @@ class GroupProcess:
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **self.env},
                 start_new_session=True,
+                preexec_fn=self._limit_memory if self.memory_limit_bytes else None,
             )
         log.info("process.started", pid=self._popen.pid, argv=self.argv[:3], log=str(self.log_path))
+
+    def _limit_memory(self) -> None:
+        # An address-space cap stands in for a GPU's fixed memory: past it, allocation fails as an OOM would.
+        assert self.memory_limit_bytes is not None
+        resource.setrlimit(resource.RLIMIT_AS, (self.memory_limit_bytes, self.memory_limit_bytes))
 
     @property
     def pid(self) -> int:

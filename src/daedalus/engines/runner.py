@@ -1,0 +1,47 @@
+"""Launch a preset's server on this host: pick the adapter, a free port, a log under the run's directory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from daedalus.engines.base import EngineAdapter, Server
+from daedalus.engines.llama_build import LlamaBuild
+from daedalus.engines.llama_cpp import LlamaCppAdapter
+from daedalus.engines.process import EngineError, free_port
+from daedalus.engines.vllm import VllmAdapter
+from daedalus.schemas.engines import LlamaCppPreset, VllmPreset
+
+
+def adapter_for(preset: LlamaCppPreset | VllmPreset, build: LlamaBuild | None) -> EngineAdapter:
+    if isinstance(preset, VllmPreset):
+        return VllmAdapter(preset)
+    if build is None:
+        raise EngineError(f"preset {preset.name} needs a llama.cpp build; run `daedalus engine build` first")
+    return LlamaCppAdapter(build, preset)
+
+
+@asynccontextmanager
+async def launched(
+    preset: LlamaCppPreset | VllmPreset,
+    model: Path,
+    workdir: Path,
+    *,
+    build: LlamaBuild | None,
+    port: int | None = None,
+    memory_limit_bytes: int | None = None,
+    timeout_s: float = 120.0,
+) -> AsyncIterator[Server]:
+    """A healthy server for the duration of the block; its whole process group is gone afterwards."""
+    adapter = adapter_for(preset, build)
+    workdir.mkdir(parents=True, exist_ok=True)
+    server = await adapter.launch(
+        model,
+        port or free_port(),
+        workdir / f"server-{preset.name}.log",
+        timeout_s=timeout_s,
+        memory_limit_bytes=memory_limit_bytes,
+    )
+    async with server:
+        yield server

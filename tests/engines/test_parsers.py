@@ -1,0 +1,47 @@
+"""Pure functions over recorded engine output and generated text."""
+
+import pytest
+
+from daedalus.engines.llama_cpp import parse_kv_cache_log
+from daedalus.engines.measure import UnsupportedMetric, check_metric
+from daedalus.engines.process import EngineError
+from daedalus.engines.quality import garbage, parse_perplexity
+from daedalus.schemas.engines import GarbageKind
+from daedalus.schemas.gates import Metric
+
+LLAMA_LOG = """\
+llama_kv_cache:        CPU KV buffer size =     4.00 MiB
+llama_kv_cache: size =    4.00 MiB (  2048 cells,   2 layers,  1/1 seqs), K (f16):    2.00 MiB, V (f16):    2.00 MiB
+llama_kv_cache: size =    2.12 MiB (  2048 cells,   2 layers,  1/1 seqs), K (q8_0):    1.06 MiB, V (q8_0):    1.06 MiB
+"""
+
+
+def test_llama_kv_cache_lines() -> None:
+    target, draft = parse_kv_cache_log(LLAMA_LOG)
+    assert (target.mib, target.cells, target.layers, target.k_type) == (4.0, 2048, 2, "f16")
+    assert (draft.mib, draft.v_type) == (2.12, "q8_0")
+
+
+def test_perplexity_final_estimate() -> None:
+    assert parse_perplexity("[1]6.1,[2]6.6,\nFinal estimate: PPL = 6.6506 +/- 0.09000\n") == (6.6506, 0.09)
+    with pytest.raises(EngineError, match="Final estimate"):
+        parse_perplexity("llama_perplexity: tokenizing the input ..")
+
+
+def test_garbage_detectors_name_what_went_wrong() -> None:
+    def kinds(text: str, **kw: int) -> set[GarbageKind]:
+        return {f.kind for f in garbage(text, **kw)}
+
+    assert kinds("The capital of France is Paris, a city on the Seine with many museums.") == set()
+    assert GarbageKind.DIGIT_SOUP in kinds("7 3 9 1 0 4 4 2 8 8 1 2 3 . 9 9 0 1")
+    assert GarbageKind.REPETITION in kinds("the cat sat " * 12)
+    assert GarbageKind.FRAGMENTS in kinds("a b cd e f gh i j k lm n o")
+    assert kinds("The capital of France", requested_tokens=64, completion_tokens=5) == {GarbageKind.DROPPED_TAIL}
+
+
+def test_metrics_the_engine_cannot_produce_are_rejected() -> None:
+    with pytest.raises(UnsupportedMetric, match="tests_passed comes from the ticket's test command"):
+        check_metric(Metric.TESTS_PASSED)
+    with pytest.raises(UnsupportedMetric, match="--baseline-preset"):
+        check_metric(Metric.COMPRESSION)
+    check_metric(Metric.DECODE_TPS)
