@@ -206,7 +206,9 @@ def concurrency_result(side: Side, users: int) -> ConcurrencyResult:
     summary = None
     if decode:
         stats = summarize(decode)
-        summary = Summary(n=stats.n, median=stats.median, ci_low=stats.ci_low, ci_high=stats.ci_high, cv=stats.cv)
+        summary = Summary(
+            n=stats.n, median=stats.median, ci_low=stats.ci_low, ci_high=stats.ci_high, cv=stats.cv
+        )
     return ConcurrencyResult(
         users=users,
         preset=side.name,
@@ -255,10 +257,17 @@ async def benchmark(
     A server that dies, a failed request or a wrong token count makes the result INVALID (never a low number).
     """
     sides = [candidate] if baseline is None else [candidate, baseline]
+    invalid: list[str] = []
+    for side in sides:
+        slots = getattr(side.server.adapter.preset, "parallel", None)
+        # More users than llama.cpp slots means queued (deferred) requests, however briefly: not "N at once".
+        if slots is not None and max(workload.users) > slots:
+            invalid.append(
+                f"{side.name}: {max(workload.users)} users but {slots} slots; requests would be deferred"
+            )
     per_side = (workload.warmup_rounds + workload.rounds) * len(workload.users)
     total = per_side * len(sides)
     done = 0
-    invalid: list[str] = []
     show = sys.stderr.isatty() if show_progress is None else show_progress
     stop = asyncio.Event()
     watcher: asyncio.Task[None] | None = None

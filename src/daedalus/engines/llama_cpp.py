@@ -76,6 +76,8 @@ class LlamaCppAdapter(EngineAdapter):
             "--n-gpu-layers", str(p.n_gpu_layers),
             "--metrics",
             "--no-webui",
+            # Level 4 keeps llama.cpp's own info lines (the KV cache size the capacity reader needs).
+            "--log-verbosity", "4",
         ]  # fmt: skip
         if p.threads is not None:
             argv += ["--threads", str(p.threads)]
@@ -85,7 +87,9 @@ class LlamaCppAdapter(EngineAdapter):
             argv += ["--ubatch-size", str(p.ubatch_size)]
         if p.draft is not None:
             draft_model = model if p.draft.model == "self" else Path(p.draft.model)
+            # Without an explicit type this llama.cpp loads the draft model but never drafts.
             argv += [
+                "--spec-type", "draft-simple",
                 "--spec-draft-model", str(draft_model),
                 "--spec-draft-n-max", str(p.draft.draft_max),
                 "--spec-draft-n-min", str(p.draft.draft_min),

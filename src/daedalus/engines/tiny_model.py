@@ -149,6 +149,7 @@ class TinyModelSpec:
     n_vocab: int = 512
     context_length: int = 32768
     seed: int = 0
+    format_version: int = 2  # bump when the writer changes, so cached files are rewritten
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
@@ -165,7 +166,8 @@ MODELS: dict[str, TinyModelSpec] = {
 
 def vocabulary(n_vocab: int) -> list[str]:
     """<unk> <s> </s>, every printable ASCII character, common words, then syllables until full."""
-    pieces = ["<unk>", "<s>", "</s>"]
+    # <0x0A>: a byte token for newline, which SentencePiece text otherwise cannot encode (llama.cpp aborts).
+    pieces = ["<unk>", "<s>", "</s>", "<0x0A>"]
     pieces += [SPACE if c == " " else c for c in map(chr, range(32, 127))]
     pieces += [SPACE + w for w in _WORDS]
     syllables = [c + v for c in _CONSONANTS for v in _VOWELS]
@@ -208,9 +210,9 @@ def write_model(spec: TinyModelSpec, path: Path) -> Path:
     writer.add_tokenizer_model("llama")
     writer.add_token_list(pieces)
     # Longer pieces score higher so the SentencePiece tokenizer prefers whole words.
-    writer.add_token_scores([0.0 if i < 3 else float(len(p)) - i * 1e-4 for i, p in enumerate(pieces)])
-    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
-    writer.add_token_types(types + [gguf.TokenType.NORMAL] * (len(pieces) - 3))
+    writer.add_token_scores([0.0 if i < 4 else float(len(p)) - i * 1e-4 for i, p in enumerate(pieces)])
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL, gguf.TokenType.BYTE]
+    writer.add_token_types(types + [gguf.TokenType.NORMAL] * (len(pieces) - len(types)))
     writer.add_unk_token_id(0)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)

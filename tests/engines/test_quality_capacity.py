@@ -1,0 +1,108 @@
+"""Quality probes and capacity on a real llama.cpp: numbers measured, never asserted into existence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from daedalus.engines.capacity import capacity, wall_sweep
+from daedalus.engines.llama_build import LlamaBuild
+from daedalus.engines.presets import load_preset
+from daedalus.engines.quality import needle_probe, perplexity_delta, temp0_identity, write_corpus
+from daedalus.engines.runner import launched
+from daedalus.engines.tiny_model import model_kv_bytes_per_token
+from daedalus.schemas.engines import LlamaCppPreset
+
+pytestmark = pytest.mark.llama
+
+
+def _preset(name: str) -> LlamaCppPreset:
+    preset = load_preset(name)
+    assert isinstance(preset, LlamaCppPreset)
+    return preset
+
+
+async def test_speculative_self_draft_is_identical_to_plain_decoding(
+    llama_build: LlamaBuild, small_model: Path, tmp_path: Path
+) -> None:
+    async with (
+        launched(_preset("local-spec-self"), small_model, tmp_path / "spec", build=llama_build) as spec,
+        launched(_preset("local-f16"), small_model, tmp_path / "ar", build=llama_build) as ar,
+    ):
+        result = await temp0_identity(spec, ar)
+        metrics = await spec.metrics()
+    assert result.passed and result.identical == result.prompts, result.detail
+    assert metrics["llamacpp:spec_decode_num_draft_tokens_total"] > 0, "the draft model really drafted"
+
+
+async def test_q8_kv_against_f16_follows_the_near_tie_rule(
+    llama_build: LlamaBuild, small_model: Path, tmp_path: Path
+) -> None:
+    async with (
+        launched(_preset("local-q8_0"), small_model, tmp_path / "q8", build=llama_build) as q8,
+        launched(_preset("local-f16"), small_model, tmp_path / "f16", build=llama_build) as f16,
+    ):
+        result = await temp0_identity(q8, f16)
+    assert result.identical + result.near_ties == result.prompts or not result.passed
+    if not result.passed:
+        assert result.first_divergence is not None and result.logprob_gap is not None
+        assert result.logprob_gap >= 0.25
+
+
+async def test_needle_reports_k_of_n_with_clopper_pearson(
+    llama_build: LlamaBuild, tiny_model: Path, tmp_path: Path
+) -> None:
+    async with launched(_preset("local-f16"), tiny_model, tmp_path, build=llama_build) as server:
+        result = await needle_probe(server, depths=(0.1, 0.9), lengths=(32,))
+    assert result.total == 2 and len(result.trials) == 2
+    assert 0.0 <= result.ci_low <= result.found / result.total <= result.ci_high <= 1.0
+    assert all(t.answer for t in result.trials)
+
+
+async def test_perplexity_delta_q8_vs_f16(llama_build: LlamaBuild, small_model: Path, tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path / "corpus.txt")
+    result = await perplexity_delta(
+        llama_build, _preset("local-q8_0"), _preset("local-f16"), small_model, corpus, tmp_path
+    )
+    assert result.ppl > 1 and result.baseline_ppl is not None and result.baseline_ppl > 1
+    assert result.delta_pct is not None and result.delta_err_pct is not None
+    # q8_0 KV on a random model moves PPL a little, never by a factor.
+    assert abs(result.delta_pct) < 5.0
+
+
+async def test_kib_per_token_by_difference_and_compression(llama_build: LlamaBuild, tmp_path: Path) -> None:
+    from daedalus.engines.tiny_model import ensure_model
+
+    model = ensure_model("medium")
+    result = await capacity(
+        _preset("local-q8_0"),
+        model,
+        tmp_path,
+        llama_build,
+        baseline=_preset("local-f16"),
+        contexts=(1024, 8192),
+    )
+    expected_f16 = model_kv_bytes_per_token("medium") / 1024  # 8 KiB/token for the medium model
+    assert result.baseline_kib_per_token == pytest.approx(expected_f16, rel=0.15)
+    # q8_0 stores 34 bytes per 32 values: 1.88x smaller than f16.
+    assert result.compression == pytest.approx(2 / (34 / 32), rel=0.15)
+    assert result.kib_per_token_reported == pytest.approx(expected_f16 * 34 / 64, rel=0.02)
+    assert result.pool_tokens == 2048
+
+
+async def test_wall_sweep_records_the_crash_as_a_finding(llama_build: LlamaBuild, tmp_path: Path) -> None:
+    from daedalus.engines.tiny_model import ensure_model
+
+    model = ensure_model("medium")
+    # An address-space cap stands in for a GPU's memory: 4K context fits in 600 MiB of address space (~430 MiB used), 32K (~690 MiB) does not.
+    result = await wall_sweep(
+        _preset("local-f16"),
+        model,
+        tmp_path,
+        llama_build,
+        contexts=(1024, 4096, 32768),
+        memory_limit_bytes=600 * 1024 * 1024,
+    )
+    assert result.wall_context == 4096 and result.first_failure == 32768, result.probes
+    assert result.probes[-1].crashed and result.findings
