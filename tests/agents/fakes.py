@@ -128,7 +128,8 @@ def build_app(script: Script) -> FastAPI:
     async def messages(request: Request) -> Response:
         body = await request.json()
         script.requests.append(body)
-        if request.headers.get("x-api-key") != API_KEY:
+        # Older SDKs send x-api-key, newer ones a bearer token: the real API takes both.
+        if API_KEY not in (request.headers.get("x-api-key"), request.headers.get("authorization", "")[7:]):
             return _anthropic_error(401, "authentication_error", "invalid x-api-key")
         if body.get("model") not in script.models:
             return _anthropic_error(404, "not_found_error", f"model: {body.get('model')}")
