@@ -1,0 +1,264 @@
+"""TrainingRunWorkflow on the real dev server, with a real trainer and (in one test) a host worker we SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import psutil
+import pytest
+from temporalio import workflow
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer, Worker
+
+from daedalus.activities.training import TrainingActivities
+from daedalus.schemas.ticket import AgentName, Decision, TicketInput, TicketKind
+from daedalus.schemas.training import (
+    CheckpointPolicy,
+    DeathClass,
+    MemorySource,
+    RestartPolicy,
+    RunState,
+    StopTraining,
+    TrainingRunInput,
+    TrainingRunSpec,
+    TrainingRunStatus,
+    WatchdogPolicy,
+)
+from daedalus.workflows.training import TrainingRunWorkflow
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAINER = ROOT / "tests" / "fixtures" / "trainer.py"
+HISTORIES = ROOT / "tests" / "histories"
+
+
+@workflow.defn(name="TicketWorkflow", sandboxed=False)  # test-module imports do not sandbox
+class HuntingTicketStandIn:
+    """Stands in for the lead's TicketWorkflow under its name: it only keeps what it was filed with."""
+
+    @workflow.run
+    async def run(self, ticket: TicketInput) -> TicketInput:
+        return ticket
+
+
+def make_spec(tmp: Path, *trainer_args: str, **overrides: object) -> TrainingRunSpec:
+    name = f"r{uuid.uuid4().hex[:8]}"
+    watchdog = WatchdogPolicy(
+        memory_source=MemorySource.PROCESS_TREE,
+        budget_mib=400,
+        min_available_gib=250 / 1024,  # stop once the trainer's tree uses 150 MiB
+        sample_interval_s=0.1,
+        slope_window_s=30,
+        min_fit_span_s=2,
+        checkpoint_grace_s=5,
+        term_grace_s=3,
+        report_interval_s=1.0,
+    )
+    fields: dict[str, object] = {
+        "name": name,
+        "host": name,  # a host queue of its own per test
+        "command": [sys.executable, str(TRAINER), "--checkpoint-dir", str(tmp / "ckpt"), *trainer_args],
+        "cwd": tmp,
+        "checkpoints": CheckpointPolicy(directory=tmp / "ckpt", every_steps=5, keep=2),
+        "watchdog": watchdog,
+        "restart": RestartPolicy(restart_delay_s=0.2),
+        "state_dir": tmp / "state",
+        "artifact_dir": tmp / "artifacts",
+        **overrides,
+    }
+    return TrainingRunSpec.model_validate(fields)
+
+
+@asynccontextmanager
+async def workers(
+    client: Client, task_queue: str, spec: TrainingRunSpec, tmp: Path, host_worker: bool = True
+) -> AsyncIterator[None]:
+    acts = TrainingActivities(tmp / "artifacts")
+    # max_cached_workflows=0: every workflow task replays the whole history, as after a worker restart.
+    async with Worker(
+        client, task_queue=task_queue, workflows=[TrainingRunWorkflow, HuntingTicketStandIn], max_cached_workflows=0
+    ):
+        if host_worker:
+            async with Worker(
+                client,
+                task_queue=f"host-{spec.host}",
+                activities=[acts.supervise_training, acts.training_host_report],
+            ):
+                yield
+        else:
+            yield
+
+
+async def until(
+    handle: WorkflowHandle[TrainingRunWorkflow, TrainingRunStatus],
+    ok: Callable[[TrainingRunStatus], bool],
+    timeout_s: float = 60,
+) -> TrainingRunStatus:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        status = await handle.query(TrainingRunWorkflow.status)
+        if ok(status):
+            return status
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out; last status: {status.model_dump_json(indent=1)}")
+        await asyncio.sleep(0.2)
+
+
+def trainers(spec: TrainingRunSpec) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if str(TRAINER) in cmd and str(spec.checkpoints.directory) in cmd and "-m" not in cmd:
+            found.append(proc)
+    return found
+
+
+async def expect_rejected(call: Awaitable[object], fragment: str) -> None:
+    with pytest.raises(WorkflowUpdateFailedError) as caught:
+        await call
+    assert fragment in str(caught.value.cause)
+
+
+async def replay(handle: WorkflowHandle[TrainingRunWorkflow, TrainingRunStatus], record_as: str | None) -> None:
+    history = await handle.fetch_history()
+    await Replayer(workflows=[TrainingRunWorkflow, HuntingTicketStandIn], data_converter=pydantic_data_converter).replay_workflow(history)
+    if record_as and os.environ.get("DAEDALUS_RECORD_HISTORIES"):
+        (HISTORIES / record_as).write_text(history.to_json())
+
+
+async def test_third_death_escalates_once_and_opens_one_hunting_ticket(
+    temporal_client: Client, task_queue: str, tmp_path: Path
+) -> None:
+    spec = make_spec(tmp_path, "--mib-per-step", "8", "--step-s", "0.05", "--half-written-every", "3")
+    async with workers(temporal_client, task_queue, spec, tmp_path):
+        handle = await temporal_client.start_workflow(
+            TrainingRunWorkflow.run, TrainingRunInput(spec=spec), id=spec.workflow_id, task_queue=task_queue
+        )
+        first = await until(handle, lambda s: len(s.deaths) >= 1)
+        # The same death reported again (an operator, a second monitor) changes nothing.
+        await handle.signal(TrainingRunWorkflow.report_death, first.deaths[0])
+        await handle.signal(TrainingRunWorkflow.report_death, first.deaths[0])
+        status = await until(handle, lambda s: s.state is RunState.AWAITING_DECISION)
+
+    # A worker restart while the decision is pending: the replay must not open a second ticket.
+    async with workers(temporal_client, task_queue, spec, tmp_path):
+        await handle.signal(TrainingRunWorkflow.report_death, status.deaths[-1])
+        status = await until(handle, lambda s: s.state is RunState.AWAITING_DECISION)
+        assert [d.incarnation for d in status.deaths] == [1, 2, 3]
+        assert all(d.death_class is DeathClass.WATCHDOG_STOP for d in status.deaths)
+        assert status.death_counter == 3
+        ticket_id = f"hunt-{spec.name}-1"
+        assert status.hunting_tickets == [ticket_id]
+        # Incarnations 2 and 3 resumed from the checkpoint the previous one wrote on our stop signal.
+        log2 = (tmp_path / "state" / spec.name / "incarnation-0002" / "trainer.log").read_text()
+        assert f"resume={status.deaths[0].last_checkpoint}" in log2
+        ticket = await temporal_client.get_workflow_handle(f"ticket-{ticket_id}", result_type=TicketInput).result()
+        assert ticket.spec.kind is TicketKind.HUNT and ticket.spec.agent is not None
+        assert ticket.spec.agent.name is AgentName.CODEX
+        for death in status.deaths:
+            assert death.id in ticket.spec.spec and str(death.curve_path) in ticket.spec.spec
+        with pytest.raises(Exception, match="not found"):
+            await temporal_client.get_workflow_handle(f"ticket-hunt-{spec.name}-2").describe()
+
+        request = status.pending_decision
+        assert request is not None and request.options == ["restart", "stop"]
+        await expect_rejected(
+            handle.execute_update(TrainingRunWorkflow.decide, Decision(request_id="nope", option="stop", decided_by="wayne")),
+            "unknown decision request",
+        )
+        await expect_rejected(
+            handle.execute_update(TrainingRunWorkflow.decide, Decision(request_id=request.id, option="maybe", decided_by="wayne")),
+            "unknown option",
+        )
+        await expect_rejected(
+            handle.execute_update(TrainingRunWorkflow.decide, Decision(request_id=request.id, option="stop", decided_by="codex")),
+            "may not decide",
+        )
+        assert (await handle.query(TrainingRunWorkflow.status)).pending_decision == request  # nothing written
+        await handle.execute_update(
+            TrainingRunWorkflow.decide, Decision(request_id=request.id, option="stop", decided_by="wayne")
+        )
+        final = await handle.result()
+    assert final.state is RunState.STOPPED and final.hunting_tickets == [ticket_id]
+    assert not trainers(spec)
+    await replay(handle, "training-escalation.json")
+
+
+async def test_worker_killed_mid_run_reattaches_without_a_second_trainer(
+    temporal_client: Client, task_queue: str, tmp_path: Path
+) -> None:
+    spec = make_spec(tmp_path, "--step-s", "0.05", history_limit=100)
+    address = temporal_client.service_client.config.target_host
+    host_queue = f"host-{spec.host}"
+
+    def host_worker() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.workflows.training_worker", address, host_queue, str(tmp_path / "artifacts")],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+        )
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"worker ready"
+        return proc
+
+    first = host_worker()
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        async with workers(temporal_client, task_queue, spec, tmp_path, host_worker=False):
+            handle = await temporal_client.start_workflow(
+                TrainingRunWorkflow.run, TrainingRunInput(spec=spec), id=spec.workflow_id, task_queue=task_queue
+            )
+            running = await until(handle, lambda s: s.trainer_pid is not None and s.memory_now is not None)
+            pid = running.trainer_pid
+            first.kill()
+            first.wait()
+            await asyncio.sleep(1.0)
+            assert [p.pid for p in trainers(spec)] == [pid]  # the trainer outlives its watchdog
+            second = host_worker()
+            await until(handle, lambda s: s.continued >= 1 and s.trainer_pid == pid, timeout_s=90)
+            assert [p.pid for p in trainers(spec)] == [pid]
+            state_dir = tmp_path / "state" / spec.name
+            assert [p.name for p in state_dir.iterdir()] == ["incarnation-0001"]
+            await handle.execute_update(TrainingRunWorkflow.stop, StopTraining(requested_by="wayne"))
+            final = await handle.result()
+        assert final.state is RunState.STOPPED
+        assert [d.death_class for d in final.deaths] == [DeathClass.REQUESTED_STOP]
+        assert final.deaths[0].oom_score_adj == 800
+        assert not trainers(spec)
+        await replay(handle, "training-reattach.json")
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+async def test_command_that_does_not_exist_fails_the_run_clearly(
+    temporal_client: Client, task_queue: str, tmp_path: Path
+) -> None:
+    spec = make_spec(tmp_path).model_copy(update={"command": ["no-such-trainer-xyz"]})
+    async with workers(temporal_client, task_queue, spec, tmp_path):
+        handle = await temporal_client.start_workflow(
+            TrainingRunWorkflow.run, TrainingRunInput(spec=spec), id=spec.workflow_id, task_queue=task_queue
+        )
+        with pytest.raises(WorkflowFailureError) as caught:
+            await handle.result()
+    assert "not on PATH" in str(caught.value.cause)
+    assert not (tmp_path / "state" / spec.name / "incarnation-0001" / "launch.intent").exists()
+
+
+@pytest.mark.parametrize("name", ["training-escalation.json", "training-reattach.json"])
+async def test_stored_histories_replay(name: str) -> None:
+    history = json.loads((HISTORIES / name).read_text())
+    from temporalio.client import WorkflowHistory
+
+    await Replayer(workflows=[TrainingRunWorkflow, HuntingTicketStandIn], data_converter=pydantic_data_converter).replay_workflow(
+        WorkflowHistory.from_json(f"training-{name}", history)
+    )
