@@ -176,7 +176,12 @@ class Toolbox:
         if not command.strip():
             raise ToolError("`command` must not be empty")
         self.check_command(command)
-        env = {**os.environ, "HOME": str(self.root), "GIT_TERMINAL_PROMPT": "0"}
+        env = {
+            **os.environ, "GIT_TERMINAL_PROMPT": "0",
+            # Commits made through the shell tool need an identity, and must not borrow the host user's.
+            "GIT_AUTHOR_NAME": "daedalus-agent", "GIT_AUTHOR_EMAIL": "agent@daedalus.local",
+            "GIT_COMMITTER_NAME": "daedalus-agent", "GIT_COMMITTER_EMAIL": "agent@daedalus.local",
+        }
         process = await asyncio.create_subprocess_shell(
             command, cwd=self.root, env=env, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
