@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Annotated
 
+import structlog
 import typer
 
 from daedalus.engines.bench import Side, benchmark
@@ -220,6 +221,8 @@ def main(
     prompt_words: Annotated[int, typer.Option(min=1)] = 32,
     workdir: Annotated[Path | None, typer.Option(help="where logs and artifacts go")] = None,
 ) -> None:
+    # stdout carries exactly one JSON object; logs go to stderr.
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
     workload = Workload(users=[users], rounds=rounds, max_tokens=max_tokens, prompt_words=prompt_words)
     workdir = workdir or Path(tempfile.gettempdir()) / f"daedalus-measure-{uuid.uuid4().hex[:8]}"
     try:

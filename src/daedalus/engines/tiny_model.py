@@ -156,8 +156,8 @@ class TinyModelSpec:
 
 
 MODELS: dict[str, TinyModelSpec] = {
-    # The model: 2 layers, 64 wide, 512-token vocabulary.
-    "tiny": TinyModelSpec("tiny", n_layer=2, n_embd=64, n_head=4, n_head_kv=4, n_ff=128),
+    # The model: 2 layers, 64 wide, 512-token vocabulary; head dim 32 so q8_0 KV blocks fit.
+    "tiny": TinyModelSpec("tiny", n_layer=2, n_embd=64, n_head=2, n_head_kv=2, n_ff=128),
     # Larger ones, so decode throughput is not dominated by per-request overhead.
     "small": TinyModelSpec("small", n_layer=4, n_embd=256, n_head=8, n_head_kv=4, n_ff=768),
     "medium": TinyModelSpec("medium", n_layer=8, n_embd=512, n_head=8, n_head_kv=4, n_ff=1408),

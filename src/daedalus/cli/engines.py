@@ -1,0 +1,100 @@
+"""`daedalus engine ...`: build llama.cpp, write tiny models, benchmark, probe, and measure gate metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from daedalus.engines import measure as measure_module
+from daedalus.engines.bench import Side, benchmark
+from daedalus.engines.llama_build import build_llama_cpp
+from daedalus.engines.measure import ensure_build
+from daedalus.engines.paths import default_llama_source
+from daedalus.engines.presets import load_preset
+from daedalus.engines.process import EngineError
+from daedalus.engines.runner import launched
+from daedalus.engines.tiny_model import MODELS, ensure_model
+from daedalus.schemas.engines import Workload
+
+app = typer.Typer(add_completion=False, help="Build, launch, benchmark and probe inference engines.")
+app.command("measure", help="Measure one gate metric; prints a GateMeasurement JSON.")(measure_module.main)
+console = Console(stderr=True)
+
+
+@app.command()
+def build(
+    source: Annotated[Path | None, typer.Option(help="llama.cpp source tree")] = None,
+    jobs: Annotated[int, typer.Option(min=1)] = 2,
+) -> None:
+    """Build llama-server, llama-perplexity and llama-bench (cached by source hash)."""
+    try:
+        result = asyncio.run(build_llama_cpp(source or default_llama_source(), jobs=jobs))
+    except EngineError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    typer.echo(result.bin_dir)
+
+
+@app.command()
+def model(name: Annotated[str, typer.Argument(help=f"one of {', '.join(MODELS)}")] = "tiny") -> None:
+    """Write (or reuse) a tiny random-weight GGUF model and print its path."""
+    try:
+        typer.echo(ensure_model(name))
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def bench(
+    preset: Annotated[str, typer.Option(help="preset name or YAML path")],
+    model: Annotated[Path, typer.Option(help="GGUF model")],
+    baseline_preset: Annotated[str | None, typer.Option(help="A/B baseline, interleaved")] = None,
+    users: Annotated[list[int] | None, typer.Option(help="concurrent users (repeatable)")] = None,
+    rounds: Annotated[int, typer.Option(min=1)] = 7,
+    max_tokens: Annotated[int, typer.Option(min=2)] = 64,
+) -> None:
+    """Benchmark a preset and print a table; INVALID runs say why."""
+    workload = Workload(users=users or [1, 4, 8], rounds=rounds, max_tokens=max_tokens)
+
+    async def run() -> None:
+        cand = load_preset(preset)
+        base = load_preset(baseline_preset) if baseline_preset else None
+        build_ = await ensure_build()
+        workdir = Path(f"/tmp/daedalus-bench-{uuid.uuid4().hex[:8]}")
+        async with launched(cand, model, workdir / "candidate", build=build_) as server:
+            if base is None:
+                result = await benchmark(
+                    Side(cand.name, server), workload, run_id=workdir.name, model=str(model)
+                )
+            else:
+                async with launched(base, model, workdir / "baseline", build=build_) as base_server:
+                    result = await benchmark(Side(cand.name, server), workload, run_id=workdir.name,
+                                             model=str(model), baseline=Side(base.name, base_server))  # fmt: skip
+        (workdir / "bench.json").write_text(result.model_dump_json(indent=2))
+        table = Table(
+            title=f"{result.preset} ({'VALID' if result.valid else 'INVALID'}) - {workdir / 'bench.json'}"
+        )
+        for col in ("preset", "users", "decode tok/s median", "90% CI", "CV", "TTFT ms", "source"):
+            table.add_column(col)
+        for r in result.results + result.baseline_results:
+            s = r.decode_summary
+            table.add_row(r.preset, str(r.users), f"{s.median:.1f}" if s else "-",
+                          f"[{s.ci_low:.1f}, {s.ci_high:.1f}]" if s else "-", f"{s.cv:.3f}" if s else "-",
+                          f"{sorted(r.ttft_ms)[len(r.ttft_ms) // 2]:.1f}" if r.ttft_ms else "-",
+                          r.timing_source)  # fmt: skip
+        Console().print(table)
+        for reason in result.invalid_reasons + result.flags:
+            console.print(f"[yellow]{reason}[/yellow]")
+
+    try:
+        asyncio.run(run())
+    except EngineError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
