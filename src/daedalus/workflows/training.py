@@ -10,6 +10,7 @@ worker from opening a second.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import timedelta
 
 from temporalio import workflow
@@ -273,12 +274,10 @@ class TrainingRunWorkflow:
     async def _restart_after_delay(self) -> None:
         self._set(state=RunState.RESTARTING)
         if self.spec.restart.restart_delay_s > 0:
-            try:
+            with contextlib.suppress(TimeoutError):  # the delay ran out: restart
                 await workflow.wait_condition(
                     lambda: self.c.stop is not None, timeout=timedelta(seconds=self.spec.restart.restart_delay_s)
                 )
-            except TimeoutError:
-                pass
         self._set(incarnation=self.c.incarnation + 1)
 
     async def _escalate(self) -> None:
