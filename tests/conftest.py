@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import OperationalError
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from daedalus.devserver import DevServer, free_port
+from daedalus.store.database import make_engine, migrate
+
+POSTGRES_URL = os.environ.get("DAEDALUS_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
 @pytest.fixture(scope="session")
@@ -28,3 +35,36 @@ async def temporal_client(temporal_server: DevServer) -> AsyncIterator[Client]:
 def task_queue() -> str:
     """Each test's workers poll their own queue, so tests never steal each other's tasks."""
     return f"test-{uuid.uuid4()}"
+
+
+@pytest.fixture
+def sqlite_engine(tmp_path: Path) -> Iterator[Engine]:
+    engine = make_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    migrate(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def postgres_engine() -> Iterator[Engine]:
+    """A fresh schema in the local PostgreSQL `test` database, dropped afterwards."""
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    admin = make_engine(POSTGRES_URL)
+    try:
+        with admin.begin() as connection:
+            connection.execute(text(f'CREATE SCHEMA "{schema}"'))
+    except OperationalError as error:
+        pytest.fail(f"PostgreSQL at {POSTGRES_URL} is not reachable ({error}); start it as .ci/run does")
+    engine = make_engine(f"{POSTGRES_URL}?options=-csearch_path%3D{schema}")
+    migrate(engine)
+    yield engine
+    engine.dispose()
+    with admin.begin() as connection:
+        connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+    admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_engine(request: pytest.FixtureRequest) -> Engine:
+    """Each store test runs on both SQLite and PostgreSQL."""
+    return request.getfixturevalue(f"{request.param}_engine")

@@ -5,18 +5,18 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from daedalus.schemas.ticket import host_queue
+
 CONTROL_QUEUE = "daedalus-control"
-
-
-def host_queue(host: str) -> str:
-    """The task queue whose workers run on `host` and touch its hardware."""
-    return f"host-{host}"
+__all__ = ["CONTROL_QUEUE", "Settings", "host_queue"]
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DAEDALUS_", env_file=".env", extra="ignore")
 
-    home: Path = Field(default=Path(".daedalus"), description="embedded state: Temporal's and the store's SQLite")
+    home: Path = Field(
+        default=Path(".daedalus"), description="embedded state: Temporal's and the store's SQLite"
+    )
     database_url: str | None = Field(default=None, description="e.g. postgresql+psycopg://host/db")
     temporal_address: str | None = Field(default=None, description="an existing cluster; None = embedded")
     temporal_port: int = 7233

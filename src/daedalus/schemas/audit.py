@@ -20,6 +20,7 @@ class AuditKind(StrEnum):
     BUILD = "build"
     GATE = "gate"
     AMENDED = "amended"
+    DELEGATED = "delegated"
     CHILD = "child"
     CLOSED = "closed"
 

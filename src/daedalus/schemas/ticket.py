@@ -14,6 +14,11 @@ TICKET_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 PERSON_PATTERN = r"^[a-z][a-z0-9_.-]{0,31}$"
 
 
+def host_queue(host: str) -> str:
+    """The task queue whose workers run on `host` and touch its hardware."""
+    return f"host-{host}"
+
+
 class TicketKind(StrEnum):
     FIX = "fix"
     FEATURE = "feature"
@@ -33,7 +38,9 @@ class EngineRef(Model):
 
     name: str = Field(min_length=1)
     kind: EngineKind
-    repo: str = Field(min_length=1, description="a git URL, or a local path for tickets that run on this machine")
+    repo: str = Field(
+        min_length=1, description="a git URL, or a local path for tickets that run on this machine"
+    )
     base_commit: str = Field(default="HEAD", min_length=1)
     preset: str | None = None
 
@@ -133,15 +140,21 @@ class TicketSpec(Model):
             raise ValueError(f"gate names must be unique; repeated: {duplicates}")
         unknown = sorted(set(self.exception_gates) - set(names))
         if unknown:
-            raise ValueError(f"exception_gates names gates this ticket does not have: {unknown}; gates: {names}")
+            raise ValueError(
+                f"exception_gates names gates this ticket does not have: {unknown}; gates: {names}"
+            )
         for child in self.children:
             if child.parent not in (None, self.id):
-                raise ValueError(f"child ticket {child.id} names parent {child.parent}, but it is filed under {self.id}")
+                raise ValueError(
+                    f"child ticket {child.id} names parent {child.parent}, but it is filed under {self.id}"
+                )
         child_ids = [c.id for c in self.children]
         if self.id in child_ids or len(set(child_ids)) != len(child_ids):
             raise ValueError(f"child ticket ids must be unique and differ from the parent's: {child_ids}")
-        if self.agent is None and (self.build is not None or not self.children and not self.gates):
-            raise ValueError("a ticket without an agent must be an umbrella over children or only measure gates")
+        if self.agent is None and (self.build is not None or (not self.children and not self.gates)):
+            raise ValueError(
+                "a ticket without an agent must be an umbrella over children or only measure gates"
+            )
         return self
 
     def with_parent(self) -> list[TicketSpec]:
@@ -231,6 +244,15 @@ class SpecAmendment(Model):
     constraints: list[str] | None = None
     max_attempts: int | None = Field(default=None, ge=1, le=10)
     note: str = ""
+
+
+class Delegation(Model):
+    """A decider lets `delegate` decide one kind of decision ("the lead may dispatch on my behalf")."""
+
+    granted_by: str = Field(pattern=PERSON_PATTERN)
+    delegate: str = Field(pattern=PERSON_PATTERN)
+    kind: DecisionKind = DecisionKind.DISPATCH
+    channel: str = Field(default="cli", pattern=r"^(cli|api|slack|bot|policy)$")
 
 
 class CancelRequest(Model):

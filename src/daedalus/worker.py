@@ -1,0 +1,65 @@
+"""Assemble Temporal workers: the control queue (workflows, store) and one queue per GPU host."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import Engine
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from daedalus.activities.attempts import AttemptActivities
+from daedalus.activities.audit import AuditActivities
+from daedalus.activities.builds import BuildActivities
+from daedalus.activities.gates import GateActivities
+from daedalus.activities.workspace import Workspace
+from daedalus.schemas.ticket import host_queue
+from daedalus.workflows.ticket import TicketWorkflow
+
+WORKFLOWS: Sequence[type] = (TicketWorkflow,)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    control_queue: str
+    hosts: Sequence[str]
+    workspace_root: Path
+    artifacts: Path
+    max_concurrent_activities: int = 50
+    fail_workflows_on_bugs: bool = False
+    """Tests set this so a workflow bug fails the run at once instead of retrying its task forever."""
+
+
+def control_worker(client: Client, config: WorkerConfig, engine: Engine) -> Worker:
+    """Workflows and the activities that touch the network or the database."""
+    audit = AuditActivities(engine)
+    return Worker(
+        client,
+        task_queue=config.control_queue,
+        workflows=list(WORKFLOWS),
+        activities=[audit.record_audit_event],
+        workflow_failure_exception_types=[Exception] if config.fail_workflows_on_bugs else [],
+        max_concurrent_activities=config.max_concurrent_activities,
+    )
+
+
+def host_worker(client: Client, config: WorkerConfig, host: str) -> Worker:
+    """The activities that run on `host` itself: agents in worktrees, builds, gates."""
+    workspace = Workspace(root=config.workspace_root / host, artifacts=config.artifacts)
+    attempts, builds, gates = AttemptActivities(workspace), BuildActivities(workspace), GateActivities(workspace)
+    return Worker(
+        client,
+        task_queue=host_queue(host),
+        activities=[attempts.run_attempt, builds.run_build, gates.run_gate],
+        max_concurrent_activities=config.max_concurrent_activities,
+    )
+
+
+def build_workers(client: Client, config: WorkerConfig, engine: Engine | None) -> list[Worker]:
+    """The control worker (when a store engine is given) plus one worker per host."""
+    workers = [host_worker(client, config, host) for host in config.hosts]
+    if engine is not None:
+        workers.insert(0, control_worker(client, config, engine))
+    return workers
