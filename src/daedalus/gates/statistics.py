@@ -42,7 +42,9 @@ def summarize(samples: list[float], confidence: float = 0.90) -> Summary:
         rng=np.random.default_rng(BOOTSTRAP_SEED),
     )
     low, high = result.confidence_interval
-    return Summary(int(values.size), median, float(low), float(high), cv, f"bootstrap-median-{confidence:.0%}")
+    return Summary(
+        int(values.size), median, float(low), float(high), cv, f"bootstrap-median-{confidence:.0%}"
+    )
 
 
 def paired_ratios(candidate: list[float], baseline: list[float]) -> list[float]:

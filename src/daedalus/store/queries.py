@@ -42,7 +42,9 @@ def verdicts(*, session: Session, ticket_id: str) -> Sequence[VerdictRow]:
     return session.exec(query.order_by(col(VerdictRow.recorded_at), col(VerdictRow.id))).all()
 
 
-def decisions(*, session: Session, ticket_id: str | None = None, pending: bool = False) -> Sequence[DecisionRow]:
+def decisions(
+    *, session: Session, ticket_id: str | None = None, pending: bool = False
+) -> Sequence[DecisionRow]:
     query = select(DecisionRow).order_by(col(DecisionRow.requested_at))
     if ticket_id is not None:
         query = query.where(DecisionRow.ticket_id == ticket_id)

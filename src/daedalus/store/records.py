@@ -12,7 +12,9 @@ def apply(*, session: Session, record: AuditRecord) -> bool:
     """Write the record's event, projection, decision and verdicts. False if it was already written."""
     event = record.event
     existing = session.exec(
-        select(AuditEventRow.id).where(AuditEventRow.workflow_id == event.workflow_id, AuditEventRow.seq == event.seq)
+        select(AuditEventRow.id).where(
+            AuditEventRow.workflow_id == event.workflow_id, AuditEventRow.seq == event.seq
+        )
     ).first()
     if existing is not None:
         return False
