@@ -23,12 +23,18 @@ class AuditKind(StrEnum):
     DELEGATED = "delegated"
     CHILD = "child"
     CLOSED = "closed"
+    TRAINING = "training"
+    DEATH = "death"
+    HUNT = "hunt"
 
 
 class AuditEvent(Model):
+    """One transition. (run_id, seq) identifies it: a retried write of the same event is a no-op."""
+
     workflow_id: str
+    run_id: str = Field(description="the first run id of the workflow: unique per filing of a ticket id")
     seq: int = Field(ge=1)
-    ticket_id: str
+    ticket_id: str = Field(description="the subject: a ticket id, or `training-<name>` for a training run")
     kind: AuditKind
     actor: str
     at: datetime
@@ -42,6 +48,7 @@ class TicketSnapshot(Model):
 
     ticket_id: str
     workflow_id: str
+    run_id: str
     title: str
     parent: str | None
     kind: str
@@ -59,7 +66,9 @@ class AuditRecord(Model):
     """One state transition and everything it writes, applied in one transaction, at most once."""
 
     event: AuditEvent
-    ticket: TicketSnapshot
+    ticket: TicketSnapshot | None = Field(
+        default=None, description="the ticket projection after this event; None for non-ticket subjects (training runs)"
+    )
     decision_request: DecisionRequest | None = None
     decision: Decision | None = None
     attempt: int = 0

@@ -12,9 +12,7 @@ def apply(*, session: Session, record: AuditRecord) -> bool:
     """Write the record's event, projection, decision and verdicts. False if it was already written."""
     event = record.event
     existing = session.exec(
-        select(AuditEventRow.id).where(
-            AuditEventRow.workflow_id == event.workflow_id, AuditEventRow.seq == event.seq
-        )
+        select(AuditEventRow.id).where(AuditEventRow.run_id == event.run_id, AuditEventRow.seq == event.seq)
     ).first()
     if existing is not None:
         return False
@@ -25,6 +23,7 @@ def apply(*, session: Session, record: AuditRecord) -> bool:
         session.add(
             VerdictRow(
                 workflow_id=event.workflow_id,
+                run_id=event.run_id,
                 seq=event.seq,
                 ticket_id=event.ticket_id,
                 attempt=record.attempt,
@@ -43,20 +42,22 @@ def apply(*, session: Session, record: AuditRecord) -> bool:
 
 def _project_ticket(session: Session, record: AuditRecord) -> None:
     snapshot = record.ticket
+    if snapshot is None:
+        return
     row = session.get(TicketRow, snapshot.ticket_id)
     values = snapshot.model_dump(exclude={"spec"})
     at = record.event.at
     if row is None:
         row = TicketRow(**values, spec=snapshot.spec or {}, filed_at=at, updated_at=at)
         session.add(row)
-    elif row.workflow_id == snapshot.workflow_id and at >= row.updated_at:
+    elif row.run_id == snapshot.run_id and at >= row.updated_at:
         for key, value in values.items():
             setattr(row, key, value)
         if snapshot.spec is not None:
             row.spec = snapshot.spec
         row.updated_at = at
-    elif row.workflow_id != snapshot.workflow_id:
-        # A ticket id filed again after its first workflow closed: the projection follows the new one.
+    elif row.run_id != snapshot.run_id and at >= row.updated_at:
+        # A ticket id filed again after its first workflow closed: the projection follows the new filing.
         for key, value in values.items():
             setattr(row, key, value)
         row.spec = snapshot.spec or row.spec

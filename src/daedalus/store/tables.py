@@ -13,6 +13,7 @@ class TicketRow(SQLModel, table=True):
 
     ticket_id: str = Field(primary_key=True)
     workflow_id: str = Field(index=True)
+    run_id: str
     title: str
     parent: str | None = Field(default=None, index=True)
     kind: str
@@ -30,13 +31,14 @@ class TicketRow(SQLModel, table=True):
 
 
 class AuditEventRow(SQLModel, table=True):
-    """Append-only. (workflow_id, seq) is unique: a retried activity cannot write an event twice."""
+    """Append-only. (run_id, seq) is unique: a retried activity cannot write an event twice."""
 
     __tablename__ = "audit_events"
-    __table_args__ = (UniqueConstraint("workflow_id", "seq", name="uq_audit_workflow_seq"),)
+    __table_args__ = (UniqueConstraint("run_id", "seq", name="uq_audit_run_seq"),)
 
     id: int | None = Field(default=None, primary_key=True)
     workflow_id: str
+    run_id: str
     seq: int
     ticket_id: str = Field(index=True)
     kind: str
@@ -68,10 +70,11 @@ class VerdictRow(SQLModel, table=True):
     """A gate verdict with its raw samples, so it can be re-derived without rerunning anything."""
 
     __tablename__ = "verdicts"
-    __table_args__ = (UniqueConstraint("workflow_id", "seq", "gate", name="uq_verdict_event_gate"),)
+    __table_args__ = (UniqueConstraint("run_id", "seq", "gate", name="uq_verdict_event_gate"),)
 
     id: int | None = Field(default=None, primary_key=True)
     workflow_id: str
+    run_id: str
     seq: int
     ticket_id: str = Field(index=True)
     attempt: int

@@ -613,6 +613,7 @@ class TicketWorkflow:
         record = AuditRecord(
             event=AuditEvent(
                 workflow_id=info.workflow_id,
+                run_id=info.first_execution_run_id,
                 seq=self.seq,
                 ticket_id=spec.id,
                 kind=kind,
@@ -625,6 +626,7 @@ class TicketWorkflow:
             ticket=TicketSnapshot(
                 ticket_id=spec.id,
                 workflow_id=info.workflow_id,
+                run_id=info.first_execution_run_id,
                 title=spec.title,
                 parent=spec.parent,
                 kind=spec.kind.value,

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-29 10:07:39.456488
+Create Date: 2026-11-29 10:28:10.670449
 """
 
 import sqlalchemy as sa
@@ -21,6 +21,7 @@ def upgrade() -> None:
         "audit_events",
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("workflow_id", sqlmodel.sql.sqltypes.AutoString(), nullable=False),
+        sa.Column("run_id", sqlmodel.sql.sqltypes.AutoString(), nullable=False),
         sa.Column("seq", sa.Integer(), nullable=False),
         sa.Column("ticket_id", sqlmodel.sql.sqltypes.AutoString(), nullable=False),
         sa.Column("kind", sqlmodel.sql.sqltypes.AutoString(), nullable=False),
@@ -30,7 +31,7 @@ def upgrade() -> None:
         sa.Column("summary", sqlmodel.sql.sqltypes.AutoString(), nullable=False),
         sa.Column("detail", sa.JSON(), nullable=False),
         sa.PrimaryKeyConstraint("id"),
-        sa.UniqueConstraint("workflow_id", "seq", name="uq_audit_workflow_seq"),
+        sa.UniqueConstraint("run_id", "seq", name="uq_audit_run_seq"),
     )
     with op.batch_alter_table("audit_events", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_audit_events_actor"), ["actor"], unique=False)
@@ -60,6 +61,7 @@ def upgrade() -> None:
         "tickets",
         sa.Column("ticket_id", sqlmodel.sql.sqltypes.AutoString(), nullable=False),
         sa.Column("workflow_id", sqlmodel.sql.sqltypes.AutoString(), nullable=False),
+        sa.Column("run_id", sqlmodel.sql.sqltypes.AutoString(), nullable=False),
         sa.Column("title", sqlmodel.sql.sqltypes.AutoString(), nullable=False),
         sa.Column("parent", sqlmodel.sql.sqltypes.AutoString(), nullable=True),
         sa.Column("kind", sqlmodel.sql.sqltypes.AutoString(), nullable=False),
@@ -85,6 +87,7 @@ def upgrade() -> None:
         "verdicts",
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("workflow_id", sqlmodel.sql.sqltypes.AutoString(), nullable=False),
+        sa.Column("run_id", sqlmodel.sql.sqltypes.AutoString(), nullable=False),
         sa.Column("seq", sa.Integer(), nullable=False),
         sa.Column("ticket_id", sqlmodel.sql.sqltypes.AutoString(), nullable=False),
         sa.Column("attempt", sa.Integer(), nullable=False),
@@ -105,7 +108,7 @@ def upgrade() -> None:
         sa.Column("commit", sqlmodel.sql.sqltypes.AutoString(), nullable=False),
         sa.Column("recorded_at", sqlmodel.sql.sqltypes.UTCDateTime(), nullable=False),
         sa.PrimaryKeyConstraint("id"),
-        sa.UniqueConstraint("workflow_id", "seq", "gate", name="uq_verdict_event_gate"),
+        sa.UniqueConstraint("run_id", "seq", "gate", name="uq_verdict_event_gate"),
     )
     with op.batch_alter_table("verdicts", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_verdicts_ticket_id"), ["ticket_id"], unique=False)

@@ -1,0 +1,162 @@
+"""The Python client every entry point uses: file tickets, decide, delegate, amend, cancel, read status.
+
+CLI, HTTP API and the demo call these; each turns Temporal's errors into `TicketError`s whose messages say
+what is wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from daedalus.schemas.ticket import (
+    CancelRequest,
+    Decision,
+    DecisionKind,
+    Delegation,
+    SpecAmendment,
+    TicketInput,
+    TicketSpec,
+    TicketState,
+)
+from daedalus.workflows.ticket import TicketWorkflow
+
+
+class TicketError(Exception):
+    """A request Daedalus refused; the message is for the person who made it."""
+
+
+async def connect(address: str, namespace: str = "default") -> Client:
+    try:
+        return await Client.connect(address, namespace=namespace, data_converter=pydantic_data_converter)
+    except RuntimeError as error:
+        raise TicketError(
+            f"cannot reach Temporal at {address} ({error}); start it with `daedalus up`, "
+            f"or point DAEDALUS_TEMPORAL_ADDRESS at your cluster"
+        ) from error
+
+
+def workflow_id(ticket_id: str) -> str:
+    return f"ticket-{ticket_id}"
+
+
+def explain(error: ValidationError, source: str) -> str:
+    """A pydantic error as lines a person can act on: where, what is wrong, what was given."""
+    lines = [f"{source} is not a valid ticket spec ({error.error_count()} problem(s)):"]
+    for problem in error.errors():
+        where = ".".join(str(part) for part in problem["loc"]) or "(top level)"
+        given = problem.get("input")
+        shown = "" if isinstance(given, dict | list) else f" (got {given!r})"
+        lines.append(f"  - {where}: {problem['msg']}{shown}")
+    return "\n".join(lines)
+
+
+def parse_spec(data: Any, source: str = "spec") -> TicketSpec:
+    if not isinstance(data, dict):
+        raise TicketError(
+            f"{source} must be a mapping of ticket fields (id, title, host, ...), not {type(data).__name__}"
+        )
+    try:
+        return TicketSpec.model_validate(data)
+    except ValidationError as error:
+        raise TicketError(explain(error, source)) from error
+
+
+def load_spec(path: Path) -> TicketSpec:
+    """Read a YAML or JSON ticket spec; every problem is reported with its field path."""
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise TicketError(f"cannot read {path}: {error.strerror}") from error
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise TicketError(f"{path} is not valid YAML: {error}") from error
+    return parse_spec(data, str(path))
+
+
+async def file_ticket(
+    client: Client, spec: TicketSpec, *, queue: str, filed_by: str = "cli"
+) -> WorkflowHandle[Any, Any]:
+    """Start `ticket-<id>`; refuses while a ticket with that id is live, allows re-filing a closed one."""
+    try:
+        return await client.start_workflow(
+            TicketWorkflow.run,
+            TicketInput(spec=spec, filed_by=filed_by),
+            id=workflow_id(spec.id),
+            task_queue=queue,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+        )
+    except WorkflowAlreadyStartedError as error:
+        raise TicketError(
+            f"ticket {spec.id} is already live (workflow {workflow_id(spec.id)}); amend it, cancel it, "
+            f"or file under another id"
+        ) from error
+
+
+def ticket_of_request(request_id: str) -> str:
+    """Decision request ids are `<ticket>-<kind>-<n>` (e.g. `4-dispatch-1`)."""
+    parts = request_id.rsplit("-", 2)
+    kinds = {k.value for k in DecisionKind}
+    if len(parts) != 3 or parts[1] not in kinds or not parts[2].isdigit():
+        raise TicketError(
+            f"{request_id!r} is not a decision request id; they look like <ticket>-<kind>-<n> with kind in "
+            f"{sorted(kinds)}, e.g. 4-dispatch-1 (see `daedalus ticket show ID`)"
+        )
+    return parts[0]
+
+
+async def _update(client: Client, ticket_id: str, update: Any, argument: BaseModel) -> Any:
+    handle = client.get_workflow_handle(workflow_id(ticket_id))
+    try:
+        return await handle.execute_update(update, argument)
+    except WorkflowUpdateFailedError as error:
+        cause = error.cause
+        message = cause.message if isinstance(cause, ApplicationError) else str(cause or error)
+        raise TicketError(f"ticket {ticket_id} refused: {message}") from error
+    except RPCError as error:
+        if error.status is RPCStatusCode.NOT_FOUND:
+            raise TicketError(
+                f"ticket {ticket_id} is not live (no running workflow {workflow_id(ticket_id)})"
+            ) from error
+        raise TicketError(f"ticket {ticket_id}: {error.message}") from error
+
+
+async def decide(client: Client, decision: Decision) -> TicketState:
+    result: TicketState = await _update(
+        client, ticket_of_request(decision.request_id), TicketWorkflow.decide, decision
+    )
+    return result
+
+
+async def delegate(client: Client, ticket_id: str, delegation: Delegation) -> list[str]:
+    result: list[str] = await _update(client, ticket_id, TicketWorkflow.delegate, delegation)
+    return result
+
+
+async def amend(client: Client, ticket_id: str, amendment: SpecAmendment) -> TicketState:
+    result: TicketState = await _update(client, ticket_id, TicketWorkflow.amend, amendment)
+    return result
+
+
+async def cancel(client: Client, ticket_id: str, request: CancelRequest) -> TicketState:
+    result: TicketState = await _update(client, ticket_id, TicketWorkflow.cancel, request)
+    return result
+
+
+async def status(client: Client, ticket_id: str) -> TicketState:
+    handle = client.get_workflow_handle(workflow_id(ticket_id))
+    try:
+        result: TicketState = await handle.query(TicketWorkflow.state)
+        return result
+    except RPCError as error:
+        raise TicketError(f"no ticket {ticket_id} in Temporal ({error.message})") from error
