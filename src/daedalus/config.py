@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from daedalus.schemas.ticket import host_queue
@@ -25,6 +25,12 @@ class Settings(BaseSettings):
     control_queue: str = CONTROL_QUEUE
     host: str = Field(default="local", description="the GPU host this machine's host worker serves")
     artifacts: Path | None = None
+
+    @field_validator("home", "artifacts")
+    @classmethod
+    def _absolute(cls, path: Path | None) -> Path | None:
+        # Worktrees and git run from other directories: a relative path would point somewhere else there.
+        return path.expanduser().resolve() if path is not None else None
 
     @property
     def store_url(self) -> str:

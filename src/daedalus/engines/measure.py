@@ -25,6 +25,7 @@ from daedalus.engines.presets import load_preset
 from daedalus.engines.process import EngineError
 from daedalus.engines.quality import needle_probe, perplexity_delta, temp0_identity, write_corpus
 from daedalus.engines.runner import launched
+from daedalus.engines.tiny_model import MODELS, ensure_model
 from daedalus.gates.statistics import clopper_pearson
 from daedalus.schemas.engines import BenchResult, ConcurrencyResult, LlamaCppPreset, VllmPreset, Workload
 from daedalus.schemas.gates import GateMeasurement, Metric
@@ -211,7 +212,7 @@ app = typer.Typer(add_completion=False, help="Measure one gate metric and print 
 def main(
     metric: Annotated[Metric, typer.Argument(help="the gate metric")],
     preset: Annotated[str, typer.Option(help="preset name (examples/presets) or YAML path")],
-    model: Annotated[Path, typer.Option(help="GGUF model path")],
+    model: Annotated[str, typer.Option(help="GGUF model path, or a tiny model name (tiny, small, medium)")],
     baseline_preset: Annotated[
         str | None, typer.Option(help="baseline preset for A/B and relative metrics")
     ] = None,
@@ -226,7 +227,8 @@ def main(
     workload = Workload(users=[users], rounds=rounds, max_tokens=max_tokens, prompt_words=prompt_words)
     workdir = workdir or Path(tempfile.gettempdir()) / f"daedalus-measure-{uuid.uuid4().hex[:8]}"
     try:
-        result = asyncio.run(measure(metric, preset, model, baseline_ref=baseline_preset, workload=workload,
+        model_path = ensure_model(model) if model in MODELS else Path(model)
+        result = asyncio.run(measure(metric, preset, model_path, baseline_ref=baseline_preset, workload=workload,
                                      workdir=workdir))  # fmt: skip
     except EngineError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from daedalus.schemas import search_attributes as sa
@@ -40,7 +42,7 @@ with workflow.unsafe.imports_passed_through():
 T = TypeVar("T")
 
 AUDIT_TIMEOUT = timedelta(seconds=30)
-ATTEMPT_HEARTBEAT = timedelta(seconds=60)
+STEP_HEARTBEAT = timedelta(seconds=60)
 STEP_RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=2))
 
 
@@ -68,6 +70,13 @@ class DispatchOption:
 
 class TicketCancelled(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class StepFailed:
+    """A host step that failed after its retries (worker lost, crash): recorded, then the ticket moves on."""
+
+    message: str
 
 
 @workflow.defn(name="TicketWorkflow")
@@ -311,17 +320,23 @@ class TicketWorkflow:
         await self._transition(
             TicketStatus.DISPATCHED, f"attempt {number} dispatched to {spec.agent.name.value}"
         )
-        result: AgentResult = await self._step(
-            workflow.execute_activity(
-                "run_attempt",
-                AttemptInput(spec=spec, attempt=number, brief=self._brief(number)),
-                result_type=AgentResult,
-                task_queue=host_queue(spec.host),
-                start_to_close_timeout=timedelta(hours=6),
-                heartbeat_timeout=ATTEMPT_HEARTBEAT,
-                retry_policy=STEP_RETRY,
-            )
+        result = await self._on_host(
+            "run_attempt",
+            AttemptInput(spec=spec, attempt=number, brief=self._brief(number)),
+            AgentResult,
+            timedelta(hours=6),
         )
+        if isinstance(result, StepFailed):
+            summary = AttemptSummary(
+                number=number,
+                branch="",
+                outcome=AttemptOutcome.AGENT_FAILED,
+                detail=f"the attempt step failed on {spec.host}: {result.message}",
+            )
+            await self._record_attempt(
+                summary, f"attempt {number}: step failed on the host: {result.message}"
+            )
+            return None
         if result.exit_reason is not ExitReason.COMMITTED or result.commit is None:
             outcome = (
                 AttemptOutcome.NO_COMMIT
@@ -332,7 +347,7 @@ class TicketWorkflow:
                 number=number,
                 branch=result.branch,
                 outcome=outcome,
-                detail=f"{result.exit_reason.value}: {result.detail}",
+                detail=result.summary(),
             )
             await self._record_attempt(
                 summary, f"attempt {number}: agent produced no usable commit ({result.exit_reason.value})"
@@ -346,22 +361,21 @@ class TicketWorkflow:
         )
         if spec.build is not None:
             await self._transition(TicketStatus.BUILDING, f"building attempt {number} on {spec.host}")
-            build: BuildResult = await self._step(
-                workflow.execute_activity(
-                    "run_build",
-                    BuildInput(
-                        ticket_id=spec.id,
-                        attempt=number,
-                        command=spec.build.command,
-                        timeout_s=spec.build.timeout_s,
-                    ),
-                    result_type=BuildResult,
-                    task_queue=host_queue(spec.host),
-                    start_to_close_timeout=timedelta(seconds=spec.build.timeout_s + 60),
-                    heartbeat_timeout=ATTEMPT_HEARTBEAT,
-                    retry_policy=STEP_RETRY,
-                )
+            build = await self._on_host(
+                "run_build",
+                BuildInput(
+                    ticket_id=spec.id,
+                    attempt=number,
+                    command=spec.build.command,
+                    timeout_s=spec.build.timeout_s,
+                ),
+                BuildResult,
+                timedelta(seconds=spec.build.timeout_s + 60),
             )
+            if isinstance(build, StepFailed):
+                build = BuildResult(
+                    ok=False, returncode=-1, log="", log_tail=f"build step failed: {build.message}"
+                )
             if not build.ok:
                 failed = summary.model_copy(
                     update={
@@ -413,23 +427,32 @@ class TicketWorkflow:
         """Measure a gate; INCONCLUSIVE and INVALID are rerun automatically before anyone is asked."""
         reruns = self.spec.approval.inconclusive_reruns
         for round_number in range(1, reruns + 2):
-            result: GateResult = await self._step(
-                workflow.execute_activity(
-                    "run_gate",
-                    GateInput(
-                        ticket_id=self.spec.id,
-                        attempt=attempt,
-                        round=round_number,
-                        gate=gate,
-                        host=self.spec.host,
-                        commit=commit,
-                    ),
-                    result_type=GateResult,
-                    task_queue=host_queue(self.spec.host),
-                    start_to_close_timeout=timedelta(seconds=gate.timeout_s + 60),
-                    heartbeat_timeout=ATTEMPT_HEARTBEAT,
-                    retry_policy=STEP_RETRY,
+            measured = await self._on_host(
+                "run_gate",
+                GateInput(
+                    ticket_id=self.spec.id,
+                    attempt=attempt,
+                    round=round_number,
+                    gate=gate,
+                    host=self.spec.host,
+                    commit=commit,
+                ),
+                GateResult,
+                timedelta(seconds=gate.timeout_s + 60),
+            )
+            result = (
+                GateResult(
+                    gate=gate.name,
+                    metric=gate.metric,
+                    verdict=Verdict.INVALID,
+                    reason=f"the gate step failed on {self.spec.host}: {measured.message}",
+                    rule=gate.describe(),
+                    method="command",
+                    host=self.spec.host,
+                    commit=commit,
                 )
+                if isinstance(measured, StepFailed)
+                else measured
             )
             await self._record(
                 AuditKind.GATE,
@@ -560,6 +583,26 @@ class TicketWorkflow:
 
     def _replace_attempt(self, summary: AttemptSummary) -> None:
         self.attempts = [summary if a.number == summary.number else a for a in self.attempts]
+
+    async def _on_host(
+        self, activity: str, argument: Any, result_type: type[T], timeout: timedelta
+    ) -> T | StepFailed:
+        """Run a step on the ticket's host queue; a step that fails after its retries is a result, not a crash."""
+        try:
+            return await self._step(
+                workflow.execute_activity(
+                    activity,
+                    argument,
+                    result_type=result_type,
+                    task_queue=host_queue(self.spec.host),
+                    start_to_close_timeout=timeout,
+                    heartbeat_timeout=STEP_HEARTBEAT,
+                    retry_policy=STEP_RETRY,
+                )
+            )
+        except ActivityError as error:
+            cause = error.cause
+            return StepFailed(message=str(cause.message if isinstance(cause, FailureError) else error))
 
     async def _step(self, awaitable: Awaitable[T]) -> T:
         """Run one step so that `cancel` can interrupt it (and the activity's process group with it)."""

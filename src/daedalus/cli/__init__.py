@@ -1,0 +1,29 @@
+"""The `daedalus` command: one typer app, one sub-app per domain."""
+
+from __future__ import annotations
+
+import typer
+
+from daedalus.cli import demo, engines, stack, tickets, training
+from daedalus.logs import configure_logging
+
+app = typer.Typer(
+    name="daedalus",
+    help="Durable, auditable tickets for an ML-inference team, on Temporal.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.command()(stack.up)
+app.command()(stack.worker)
+app.command()(tickets.decide)
+app.command()(tickets.delegate)
+app.command()(tickets.audit)
+app.command()(demo.demo)
+app.add_typer(tickets.app, name="ticket")
+app.add_typer(engines.app, name="engine")
+app.add_typer(training.app, name="train")
+
+
+def main() -> None:
+    configure_logging()
+    app()

@@ -1,0 +1,45 @@
+"""What every CLI command shares: settings, a Temporal client, the store, and errors that end in exit 2."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+from sqlalchemy import Engine
+from temporalio.client import Client
+
+from daedalus.client import TicketError, connect
+from daedalus.config import Settings
+from daedalus.store.database import make_engine, migrate
+
+T = TypeVar("T")
+
+console = Console()
+errors = Console(stderr=True)
+
+
+def fail(message: str) -> NoReturn:
+    errors.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(2)
+
+
+def run(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine; a TicketError becomes a clear message and exit code 2."""
+    try:
+        return asyncio.run(coroutine)
+    except TicketError as error:
+        fail(str(error))
+
+
+async def client(settings: Settings | None = None) -> Client:
+    settings = settings or Settings()
+    return await connect(settings.address, settings.namespace)
+
+
+def store(settings: Settings | None = None) -> Engine:
+    engine = make_engine((settings or Settings()).store_url)
+    migrate(engine)
+    return engine

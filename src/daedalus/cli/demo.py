@@ -1,0 +1,152 @@
+"""`daedalus demo` (what `make demo` runs): one ticket, end to end, on this machine, with no API keys.
+
+It starts the embedded stack, builds llama.cpp from source if it is not cached, files the local ticket
+modelled on ticket 4, lets the lead approve the dispatch on Wayne's behalf (delegated in the spec), and
+prints every audit event as it happens until the ticket closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from sqlalchemy import Engine
+
+from daedalus import client as tickets
+from daedalus.cli._common import console, fail, run
+from daedalus.cli.tickets import print_audit, print_state
+from daedalus.config import Settings
+from daedalus.devserver import DevServerError, port_is_open
+from daedalus.engines.measure import ensure_build
+from daedalus.engines.process import EngineError
+from daedalus.engines.tiny_model import ensure_model
+from daedalus.schemas.ticket import Decision, DecisionKind, TicketSpec, TicketState
+from daedalus.stack import running_stack
+from daedalus.store import queries
+from daedalus.store.database import session_scope
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+DEMO_TICKET = EXAMPLES / "tickets" / "local-4.yaml"
+DEMO_REPO_TEMPLATE = EXAMPLES / "demo" / "serving-config"
+LEAD = "lead"
+
+
+def demo(
+    ticket: Annotated[Path, typer.Option("-f", "--file", help="the ticket to run")] = DEMO_TICKET,
+) -> None:
+    """Run the local example ticket through dispatch, build, gates and close; print its audit trail."""
+    settings = Settings()
+    try:
+        spec = tickets.load_spec(ticket)
+    except tickets.TicketError as error:
+        fail(str(error))
+    console.rule("[bold]Daedalus demo")
+    console.print(
+        "1. the engine: llama.cpp built from source on this CPU (cached under .cache/ after the first time)"
+    )
+    try:
+        build = run(ensure_build())
+    except EngineError as error:
+        fail(f"llama.cpp build failed: {error}")
+    console.print(
+        f"   llama-server at {build.bin_dir}; models: {ensure_model('small').name}, {ensure_model('medium').name}"
+    )
+    spec = _with_demo_repo(spec, settings)
+    console.print(
+        f"2. the serving-config repo the scripted agent will patch: {spec.engine.repo if spec.engine else '-'}"
+    )
+    embedded = not port_is_open(settings.temporal_port) and settings.temporal_address is None
+    try:
+        state = run(_drive(spec, settings, embedded))
+    except DevServerError as error:
+        fail(str(error))
+    console.rule(f"[bold]ticket {state.spec.id} closed: {state.status.value}")
+
+
+def _with_demo_repo(spec: TicketSpec, settings: Settings) -> TicketSpec:
+    """A fresh git repo from the template, so every demo run starts from the same base commit."""
+    repo = (settings.home / "demo" / "serving-config").resolve()
+    if repo.exists():
+        shutil.rmtree(repo)
+    shutil.copytree(DEMO_REPO_TEMPLATE, repo)
+    for command in (
+        ["git", "init", "-q", "-b", "main"],
+        ["git", "add", "-A"],
+        [
+            "git",
+            "-c",
+            "user.name=daedalus-demo",
+            "-c",
+            "user.email=demo@daedalus.local",
+            "commit",
+            "-qm",
+            "base",
+        ],
+    ):
+        subprocess.run(command, cwd=repo, check=True)
+    assert spec.engine is not None
+    return spec.model_copy(update={"engine": spec.engine.model_copy(update={"repo": str(repo)})})
+
+
+async def _drive(spec: TicketSpec, settings: Settings, embedded: bool) -> TicketState:
+    async with running_stack(settings, hosts=[spec.host], embedded=embedded) as stack:
+        where = (
+            "embedded dev server (SQLite under .daedalus/)"
+            if embedded
+            else f"the server at {settings.address}"
+        )
+        console.print(f"3. Temporal: {where}; workers for the control queue and host-{spec.host}")
+        handle = await tickets.file_ticket(stack.client, spec, queue=settings.control_queue, filed_by="demo")
+        console.print(f"4. filed ticket [bold]{spec.id}[/bold] as workflow {handle.id}")
+        console.print(
+            f"   Temporal UI: http://localhost:{settings.ui_port}/namespaces/{settings.namespace}/workflows/{handle.id}"
+        )
+        console.print('   (List filter in the UI: DaedalusTicketId="' + spec.id + '")')
+        assert stack.engine is not None
+        result_task = asyncio.ensure_future(handle.result())
+        seen = 0
+        while not result_task.done():
+            seen = _print_new_events(stack.engine, handle.id, seen)
+            state = await tickets.status(stack.client, spec.id)
+            request = state.pending_decision
+            if request is not None and request.kind is DecisionKind.DISPATCH and LEAD in request.delegates:
+                console.print(
+                    f"   [cyan]{LEAD}[/cyan] approves {request.id} on wayne's behalf (delegated in the spec)"
+                )
+                await tickets.decide(
+                    stack.client,
+                    Decision(
+                        request_id=request.id, option="approve", decided_by=LEAD, channel="bot", note="demo"
+                    ),
+                )
+            elif request is not None and request.kind is DecisionKind.ESCALATION:
+                console.print(f"   [yellow]escalated to wayne[/yellow]: {request.question}")
+                console.print(
+                    f"   answer with: daedalus decide {request.id} <option> --as wayne   (options {request.options})"
+                )
+            await asyncio.wait({result_task}, timeout=0.5)
+        final: TicketState = result_task.result()
+        _print_new_events(stack.engine, handle.id, seen)
+        console.rule("status")
+        print_state(final)
+        console.rule("audit trail (from the store)")
+        with session_scope(stack.engine) as session:
+            print_audit(queries.audit_events(session=session, ticket_id=spec.id))
+        return final
+
+
+def _print_new_events(engine: Engine, workflow_id: str, seen: int) -> int:
+    with session_scope(engine) as session:
+        events = [
+            e for e in queries.audit_events(session=session, ticket_id=workflow_id.removeprefix("ticket-"))
+        ]
+    fresh = [e for e in events if e.seq > seen and e.workflow_id == workflow_id]
+    for event in fresh:
+        console.print(
+            f"   [dim]{event.at:%H:%M:%S}[/dim] #{event.seq:<2} [bold]{event.kind:<18}[/bold] {event.summary}"
+        )
+    return max([seen, *(e.seq for e in fresh)])

@@ -1,0 +1,56 @@
+"""`daedalus up` and `daedalus worker`: run the stack, or one part of it, until Ctrl-C."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import typer
+
+from daedalus.cli._common import console, fail, run
+from daedalus.config import Settings
+from daedalus.devserver import DevServerError
+from daedalus.stack import running_stack
+
+
+async def _serve_forever(settings: Settings, hosts: list[str], control: bool, embedded: bool) -> None:
+    async with running_stack(settings, hosts=hosts, control=control, embedded=embedded) as stack:
+        if stack.ui_url:
+            console.print(f"Temporal UI: [bold]{stack.ui_url}[/bold]  (Ctrl-C stops everything)")
+        console.print(
+            f"Temporal at {settings.address}; control queue {settings.control_queue}; hosts {hosts}"
+        )
+        await asyncio.Event().wait()
+
+
+def _run_until_interrupted(settings: Settings, hosts: list[str], control: bool, embedded: bool) -> None:
+    try:
+        run(_serve_forever(settings, hosts, control, embedded))
+    except KeyboardInterrupt:
+        console.print("stopped")
+    except DevServerError as error:
+        fail(str(error))
+
+
+def up(
+    temporal_address: Annotated[
+        str | None, typer.Option(help="use this Temporal cluster instead of starting the embedded one")
+    ] = None,
+    host: Annotated[list[str] | None, typer.Option(help="GPU hosts whose queues this machine serves")] = None,
+) -> None:
+    """Start the embedded Temporal (SQLite under .daedalus/, UI on :8233), the store and the workers."""
+    settings = Settings()
+    if temporal_address:
+        settings = settings.model_copy(update={"temporal_address": temporal_address})
+    _run_until_interrupted(settings, host or [settings.host], control=True, embedded=temporal_address is None)
+
+
+def worker(
+    host: Annotated[list[str] | None, typer.Option(help="serve host-<NAME> (repeatable)")] = None,
+    control: Annotated[bool, typer.Option(help="also run the control queue (workflows, store)")] = False,
+) -> None:
+    """Run workers against an already running Temporal (DAEDALUS_TEMPORAL_ADDRESS or 127.0.0.1:7233)."""
+    settings = Settings()
+    if not host and not control:
+        fail("nothing to run: pass --host NAME for a GPU host's queue and/or --control for the control queue")
+    _run_until_interrupted(settings, host or [], control=control, embedded=False)

@@ -1,0 +1,248 @@
+"""`daedalus ticket ...`, `daedalus decide`, `daedalus delegate` and `daedalus audit`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from pydantic import BaseModel, ValidationError
+from rich.table import Table
+
+from daedalus import client as tickets
+from daedalus.cli._common import client, console, fail, run, store
+from daedalus.client import TicketError
+from daedalus.config import Settings
+from daedalus.schemas.ticket import (
+    CancelRequest,
+    Decision,
+    DecisionKind,
+    Delegation,
+    SpecAmendment,
+    TicketState,
+)
+from daedalus.store import queries
+from daedalus.store.database import session_scope
+from daedalus.store.tables import AuditEventRow
+
+M = TypeVar("M", bound=BaseModel)
+
+app = typer.Typer(help="File, list, inspect, amend and cancel tickets.", no_args_is_help=True)
+
+
+def _model(build: type[M], **values: Any) -> M:
+    try:
+        return build(**values)
+    except ValidationError as error:
+        fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()))
+
+
+@app.command()
+def create(
+    file: Annotated[Path, typer.Option("-f", "--file", help="ticket spec (YAML or JSON)")],
+    filed_by: Annotated[str, typer.Option("--as", help="who files it")] = "cli",
+) -> None:
+    """File a ticket: validates the whole spec first, then starts workflow ticket-<id>."""
+    try:
+        spec = tickets.load_spec(file)
+    except TicketError as error:
+        fail(str(error))
+    settings = Settings()
+
+    async def go() -> str:
+        handle = await tickets.file_ticket(
+            await client(settings), spec, queue=settings.control_queue, filed_by=filed_by
+        )
+        return handle.id
+
+    workflow_id = run(go())
+    console.print(f"filed ticket [bold]{spec.id}[/bold] as workflow {workflow_id}")
+    console.print(
+        f"  watch: daedalus ticket show {spec.id}   UI: http://localhost:{settings.ui_port}/namespaces/default/workflows/{workflow_id}"
+    )
+
+
+@app.command("list")
+def list_(status: Annotated[str | None, typer.Option(help="only tickets in this status")] = None) -> None:
+    """Tickets from the store's projection, newest first."""
+    with session_scope(store()) as session:
+        rows = queries.list_tickets(session=session, status=status)
+        table = Table("ticket", "title", "status", "host", "agent", "attempts", "awaiting", "updated")
+        for row in rows:
+            table.add_row(
+                row.ticket_id,
+                row.title[:50],
+                row.status,
+                row.host,
+                row.agent or "-",
+                str(row.attempts),
+                row.awaiting or "",
+                f"{row.updated_at:%Y-%m-%d %H:%M:%S}",
+            )
+    console.print(table)
+
+
+@app.command()
+def show(ticket_id: str) -> None:
+    """Status, attempts, verdicts and the pending decision of one ticket."""
+    settings = Settings()
+
+    async def go() -> TicketState:
+        return await tickets.status(await client(settings), ticket_id)
+
+    print_state(run(go()))
+
+
+def print_state(state: TicketState) -> None:
+    spec = state.spec
+    console.print(f"[bold]ticket {spec.id}[/bold]: {spec.title}  [{state.status.value}]")
+    console.print(
+        f"  host {spec.host}, agent {spec.agent.name.value if spec.agent else '-'}, max attempts {spec.max_attempts}"
+    )
+    if state.outcome_reason:
+        console.print(f"  outcome: {state.outcome_reason}")
+    for child, status in state.children.items():
+        console.print(f"  sub-ticket {child}: {status.value}")
+    if state.attempts:
+        table = Table("attempt", "outcome", "commit", "gate", "verdict", "median", "90% CI", "rule")
+        for attempt in state.attempts:
+            results = attempt.gate_results or [None]
+            for result in results:
+                table.add_row(
+                    str(attempt.number),
+                    attempt.outcome.value,
+                    (attempt.commit or "-")[:10],
+                    result.gate if result else "-",
+                    result.verdict.value if result else "-",
+                    f"{result.median:.4g}" if result and result.median is not None else "",
+                    f"[{result.ci_low:.4g}, {result.ci_high:.4g}]"
+                    if result and result.ci_low is not None
+                    else "",
+                    result.rule if result else attempt.detail[:60],
+                )
+        console.print(table)
+    if state.pending_decision:
+        request = state.pending_decision
+        console.print(f"[yellow]waiting for a decision[/yellow] {request.id}: {request.question}")
+        console.print(f"  options: {request.options}; may decide: {request.deciders + request.delegates}")
+        console.print(
+            f"  answer:  daedalus decide {request.id} {request.options[0]} --as {request.deciders[0]}"
+        )
+
+
+@app.command()
+def amend(
+    ticket_id: str,
+    who: Annotated[str, typer.Option("--as", help="who amends")],
+    spec_text: Annotated[str | None, typer.Option("--spec", help="new brief text")] = None,
+    constraint: Annotated[list[str] | None, typer.Option(help="replace the constraints (repeatable)")] = None,
+    max_attempts: Annotated[int | None, typer.Option(min=1, max=10)] = None,
+    note: str = "",
+) -> None:
+    """Change a live ticket's brief, constraints or attempt budget (applies from the next attempt)."""
+    amendment = _model(
+        SpecAmendment,
+        amended_by=who,
+        spec=spec_text,
+        constraints=constraint,
+        max_attempts=max_attempts,
+        note=note,
+    )
+
+    async def go() -> TicketState:
+        return await tickets.amend(await client(), ticket_id, amendment)
+
+    print_state(run(go()))
+
+
+@app.command()
+def cancel(
+    ticket_id: str,
+    who: Annotated[str, typer.Option("--as", help="who cancels")],
+    reason: Annotated[str, typer.Option(help="why")],
+) -> None:
+    """Cancel a live ticket; its running step and that step's processes on the host are stopped."""
+    request = _model(CancelRequest, requested_by=who, reason=reason)
+
+    async def go() -> TicketState:
+        return await tickets.cancel(await client(), ticket_id, request)
+
+    state = run(go())
+    console.print(f"ticket {ticket_id}: cancel requested by {who} (status now {state.status.value})")
+
+
+def decide(
+    request_id: Annotated[str, typer.Argument(help="e.g. 4-dispatch-1 (see `daedalus ticket show`)")],
+    option: Annotated[str, typer.Argument(help="one of the request's options")],
+    who: Annotated[str, typer.Option("--as", help="who decides")],
+    note: Annotated[str, typer.Option(help="reason, kept in the audit trail")] = "",
+) -> None:
+    """Answer a pending decision. Refused (and nothing written) for an unknown request, option or decider."""
+    decision = _model(
+        Decision, request_id=request_id, option=option, decided_by=who, note=note, channel="cli"
+    )
+
+    async def go() -> TicketState:
+        return await tickets.decide(await client(), decision)
+
+    state = run(go())
+    console.print(f"{who} chose {option!r} for {request_id}; ticket {state.spec.id} continues")
+
+
+def delegate(
+    ticket_id: str,
+    to: Annotated[str, typer.Option(help="who may decide on your behalf")],
+    who: Annotated[str, typer.Option("--as", help="the decider delegating")],
+    kind: Annotated[DecisionKind, typer.Option(help="which decisions")] = DecisionKind.DISPATCH,
+) -> None:
+    """Let someone decide one kind of decision for a ticket ("the lead may dispatch on my behalf")."""
+    delegation = _model(Delegation, granted_by=who, delegate=to, kind=kind)
+
+    async def go() -> list[str]:
+        return await tickets.delegate(await client(), ticket_id, delegation)
+
+    people = run(go())
+    console.print(f"ticket {ticket_id}: {kind.value} decisions may now also be made by {people}")
+
+
+def audit(
+    ticket: Annotated[str | None, typer.Option(help="only this ticket (or training-<name>)")] = None,
+    actor: Annotated[str | None, typer.Option(help="only events by this person or agent")] = None,
+    since: Annotated[str | None, typer.Option(help="ISO time, or a duration like 2h / 3d")] = None,
+    limit: int = 1000,
+) -> None:
+    """The audit trail from the store: one line per transition, oldest first."""
+    since_at = parse_since(since) if since else None
+    with session_scope(store()) as session:
+        events = queries.audit_events(
+            session=session, ticket_id=ticket, actor=actor, since=since_at, limit=limit
+        )
+        print_audit(events)
+
+
+def print_audit(events: Sequence[AuditEventRow]) -> None:
+    table = Table("at", "ticket", "#", "kind", "actor", "status", "summary")
+    for event in events:
+        table.add_row(
+            f"{event.at:%H:%M:%S}",
+            event.ticket_id,
+            str(event.seq),
+            event.kind,
+            event.actor,
+            event.status,
+            event.summary,
+        )
+    console.print(table)
+
+
+def parse_since(text: str) -> datetime:
+    units = {"m": "minutes", "h": "hours", "d": "days"}
+    if text[:-1].isdigit() and text[-1] in units:
+        return datetime.now(UTC) - timedelta(**{units[text[-1]]: int(text[:-1])})
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        fail(f"--since {text!r} is neither an ISO time (2026-07-12T08:00) nor a duration (30m, 2h, 3d)")
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)

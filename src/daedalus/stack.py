@@ -1,0 +1,89 @@
+"""The whole embedded stack as `daedalus up` and `make demo` run it: dev server, store, workers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+from sqlalchemy import Engine
+from temporalio.client import Client
+
+from daedalus.client import connect
+from daedalus.config import Settings
+from daedalus.devserver import DevServer
+from daedalus.store.database import make_engine, migrate
+from daedalus.worker import WorkerConfig, build_workers
+
+log = structlog.get_logger()
+
+
+@dataclass
+class Stack:
+    client: Client
+    engine: Engine | None
+    settings: Settings
+    server: DevServer | None
+
+    @property
+    def ui_url(self) -> str | None:
+        return f"http://localhost:{self.settings.ui_port}" if self.server else None
+
+
+def tools_on_path() -> None:
+    """Build and gate commands run `daedalus` and `python`: put this interpreter's bin directory first."""
+    bin_dir = str(Path(sys.executable).parent)
+    if os.environ.get("PATH", "").split(os.pathsep)[0] != bin_dir:
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+
+
+@asynccontextmanager
+async def running_stack(
+    settings: Settings, *, hosts: list[str], control: bool = True, embedded: bool | None = None
+) -> AsyncIterator[Stack]:
+    """Start what is asked for, yield while it runs, and stop all of it (process groups included) on exit."""
+    embedded = settings.temporal_address is None if embedded is None else embedded
+    server = None
+    if embedded:
+        settings.home.mkdir(parents=True, exist_ok=True)
+        server = DevServer(
+            db_file=settings.home / "temporal.db",
+            port=settings.temporal_port,
+            ui_port=settings.ui_port,
+            log_file=settings.home / "temporal.log",
+        )
+        await asyncio.to_thread(server.start)
+        log.info(
+            "temporal dev server started", address=server.address, ui=f"http://localhost:{settings.ui_port}"
+        )
+    try:
+        client = await connect(settings.address, settings.namespace)
+        engine = None
+        if control:
+            engine = make_engine(settings.store_url)
+            await asyncio.to_thread(migrate, engine)
+        tools_on_path()
+        config = WorkerConfig(
+            control_queue=settings.control_queue,
+            hosts=hosts,
+            workspace_root=settings.home / "hosts",
+            artifacts=settings.artifact_dir,
+        )
+        workers = build_workers(client, config, engine)
+        tasks = [asyncio.create_task(worker.run()) for worker in workers]
+        log.info("workers started", control=control, hosts=hosts, queue=settings.control_queue)
+        try:
+            yield Stack(client=client, engine=engine, settings=settings, server=server)
+        finally:
+            await asyncio.gather(*(worker.shutdown() for worker in workers), return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if engine is not None:
+                engine.dispose()
+    finally:
+        if server is not None:
+            await asyncio.to_thread(server.stop)
