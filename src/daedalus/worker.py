@@ -13,12 +13,15 @@ from temporalio.worker import Worker
 from daedalus.activities.attempts import AttemptActivities
 from daedalus.activities.audit import AuditActivities
 from daedalus.activities.builds import BuildActivities
+from daedalus.activities.engines import build_engine, run_benchmark, run_quality_probe
 from daedalus.activities.gates import GateActivities
+from daedalus.activities.training import TrainingActivities
 from daedalus.activities.workspace import Workspace
 from daedalus.schemas.ticket import host_queue
 from daedalus.workflows.ticket import TicketWorkflow
+from daedalus.workflows.training import TrainingRunWorkflow
 
-WORKFLOWS: Sequence[type] = (TicketWorkflow,)
+WORKFLOWS: Sequence[type] = (TicketWorkflow, TrainingRunWorkflow)
 
 
 @dataclass(frozen=True)
@@ -46,13 +49,27 @@ def control_worker(client: Client, config: WorkerConfig, engine: Engine) -> Work
 
 
 def host_worker(client: Client, config: WorkerConfig, host: str) -> Worker:
-    """The activities that run on `host` itself: agents in worktrees, builds, gates."""
+    """The activities that run on `host` itself: agents in worktrees, builds, gates, engines, training."""
     workspace = Workspace(root=config.workspace_root / host, artifacts=config.artifacts)
-    attempts, builds, gates = AttemptActivities(workspace), BuildActivities(workspace), GateActivities(workspace)
+    attempts, builds, gates = (
+        AttemptActivities(workspace),
+        BuildActivities(workspace),
+        GateActivities(workspace),
+    )
+    training = TrainingActivities(config.artifacts, state_dir=config.workspace_root / host / "training")
     return Worker(
         client,
         task_queue=host_queue(host),
-        activities=[attempts.run_attempt, builds.run_build, gates.run_gate],
+        activities=[
+            attempts.run_attempt,
+            builds.run_build,
+            gates.run_gate,
+            build_engine,
+            run_benchmark,
+            run_quality_probe,
+            training.supervise_training,
+            training.training_host_report,
+        ],
         max_concurrent_activities=config.max_concurrent_activities,
     )
 
