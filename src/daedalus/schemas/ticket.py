@@ -124,6 +124,9 @@ class TicketSpec(Model):
     gates: list[GateSpec] = Field(default_factory=list)
     approval: ApprovalPolicy = Field(default_factory=ApprovalPolicy)
     max_attempts: int = Field(default=3, ge=1, le=10)
+    budget_usd: float | None = Field(
+        default=None, gt=0, description="agent spend allowed across all attempts"
+    )
     constraints: list[str] = Field(default_factory=list)
     allowed_paths: list[str] = Field(default_factory=lambda: ["."])
     exception_gates: list[str] = Field(
@@ -209,6 +212,8 @@ class AttemptSummary(Model):
     outcome: AttemptOutcome
     detail: str = ""
     gate_results: list[GateResult] = Field(default_factory=list)
+    cost_usd: float | None = None
+    cost_source: str = "unavailable"
 
 
 class DecisionRequest(Model):

@@ -98,6 +98,7 @@ class TicketWorkflow:
         self.cancel_request: CancelRequest | None = None
         self.current_step: asyncio.Task[Any] | None = None
         self.retry_granted_after = 0
+        self.extra_budget_usd = 0.0
         self._answer: Decision | None = None
 
     # ---- queries and updates -------------------------------------------------------------------------
@@ -289,7 +290,10 @@ class TicketWorkflow:
         """An umbrella ticket passes on its children; one with gates but no agent measures as it stands."""
         if self.spec.gates:
             summary = AttemptSummary(number=1, branch="", outcome=AttemptOutcome.COMMITTED)
-            return await self._gate_and_decide(summary, commit="")
+            self.attempts.append(summary)
+            decided = await self._gate_and_decide(summary, commit="")
+            # With no agent there is nobody to retry: the measurement is the outcome.
+            return decided or (TicketStatus.FAILED, f"gates did not pass: {self.attempts[-1].detail}")
         not_passed = {c: s.value for c, s in self.children.items() if s is not TicketStatus.PASSED}
         if not not_passed:
             return TicketStatus.PASSED, "all sub-tickets passed"
@@ -300,13 +304,9 @@ class TicketWorkflow:
     async def _attempt_loop(self) -> tuple[TicketStatus, str]:
         number = 0
         while True:
-            if number >= self.spec.max_attempts + self.extra_attempts or self._same_failure_twice():
-                rule = (
-                    "the same failure twice"
-                    if self._same_failure_twice()
-                    else f"{number} of {self.spec.max_attempts + self.extra_attempts} attempts used"
-                )
-                verdict = await self._escalate(f"Ticket {self.spec.id} did not pass: {rule}.")
+            rule = self._why_stop(number)
+            if rule is not None:
+                verdict = await self._escalate(f"Ticket {self.spec.id} needs a decision: {rule}.")
                 if verdict is not None:
                     return verdict
             number += 1
@@ -348,13 +348,20 @@ class TicketWorkflow:
                 branch=result.branch,
                 outcome=outcome,
                 detail=result.summary(),
+                cost_usd=result.usage.cost_usd,
+                cost_source=result.usage.cost_source,
             )
             await self._record_attempt(
                 summary, f"attempt {number}: agent produced no usable commit ({result.exit_reason.value})"
             )
             return None
         summary = AttemptSummary(
-            number=number, branch=result.branch, commit=result.commit, outcome=AttemptOutcome.COMMITTED
+            number=number,
+            branch=result.branch,
+            commit=result.commit,
+            outcome=AttemptOutcome.COMMITTED,
+            cost_usd=result.usage.cost_usd,
+            cost_source=result.usage.cost_source,
         )
         await self._record_attempt(
             summary, f"attempt {number}: {result.agent} committed {result.commit[:12]} ({result.diff_stat})"
@@ -476,6 +483,8 @@ class TicketWorkflow:
         by = f"{answer.decided_by}" + (f": {answer.note}" if answer.note else "")
         if answer.option == Escalation.RETRY:
             self.extra_attempts += 1
+            if self.spec.agent is not None and self.spec.agent.budget_usd is not None:
+                self.extra_budget_usd += self.spec.agent.budget_usd
             self.retry_granted_after = len(self.attempts)
             return None
         if answer.option == Escalation.ACCEPT:
@@ -567,6 +576,23 @@ class TicketWorkflow:
             )
         parts.append(f"This is attempt {number} of {self.spec.max_attempts + self.extra_attempts}.")
         return "\n\n".join(p for p in parts if p)
+
+    def _why_stop(self, attempts_made: int) -> str | None:
+        """The anti-loop rules: attempts used up, the same failure twice, or the ticket's budget spent."""
+        allowed = self.spec.max_attempts + self.extra_attempts
+        if attempts_made >= allowed:
+            return f"{attempts_made} of {allowed} attempts used without passing"
+        if self._same_failure_twice():
+            return "the same failure twice"
+        budget = self.spec.budget_usd
+        if budget is not None:
+            spent = sum(a.cost_usd or 0.0 for a in self.attempts)
+            unknown = sum(1 for a in self.attempts if a.cost_usd is None and a.branch)
+            next_attempt = self.spec.agent.budget_usd if self.spec.agent else None
+            if spent + (next_attempt or 0.0) > budget + self.extra_budget_usd:
+                note = f" ({unknown} attempts of unknown cost not included)" if unknown else ""
+                return f"the ticket budget ${budget:.2f} would be exceeded: ${spent:.2f} spent{note}"
+        return None
 
     def _same_failure_twice(self) -> bool:
         recent = self.attempts[self.retry_granted_after :]
