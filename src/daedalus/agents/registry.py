@@ -6,12 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, assert_never
 
-from daedalus.agents.anthropic_agent import AnthropicAgent
 from daedalus.agents.base import Heartbeat
-from daedalus.agents.claude import ClaudeAgent
-from daedalus.agents.codex import CodexAgent
-from daedalus.agents.openai_agent import OpenAIAgent
-from daedalus.agents.scripted import ScriptedAgent
 from daedalus.agents.settings import AgentSettings
 from daedalus.schemas.agents import AgentResult, AgentTask
 from daedalus.schemas.ticket import AgentName, AgentSpec
@@ -24,7 +19,11 @@ class CodingAgent(Protocol):
     label: str
 
     async def run(
-        self, task: AgentTask, *, artifacts: Path, heartbeat: Heartbeat,
+        self,
+        task: AgentTask,
+        *,
+        artifacts: Path,
+        heartbeat: Heartbeat,
         keep_on_cancel: Callable[[], bool] = ...,
     ) -> AgentResult: ...
 
@@ -34,17 +33,28 @@ class AgentUnavailable(RuntimeError):
 
 
 def agent_for(spec: AgentSpec, settings: AgentSettings | None = None) -> CodingAgent:
+    """The agent a spec names. Imports are deferred: the SDKs cost seconds that a CLI start should not pay."""
     settings = settings or AgentSettings()
     match spec.name:
         case AgentName.SCRIPTED:
+            from daedalus.agents.scripted import ScriptedAgent
+
             return ScriptedAgent()
         case AgentName.CODEX:
+            from daedalus.agents.codex import CodexAgent
+
             return CodexAgent(settings)
         case AgentName.CLAUDE:
+            from daedalus.agents.claude import ClaudeAgent
+
             return ClaudeAgent(settings)
         case AgentName.OPENAI:
+            from daedalus.agents.openai_agent import OpenAIAgent
+
             return OpenAIAgent(settings)
         case AgentName.ANTHROPIC:
+            from daedalus.agents.anthropic_agent import AnthropicAgent
+
             return AnthropicAgent(settings)
         case _:
             assert_never(spec.name)

@@ -21,11 +21,7 @@ from daedalus.cli._common import console, fail, run
 from daedalus.cli.tickets import print_audit, print_state
 from daedalus.config import Settings
 from daedalus.devserver import DevServerError, port_is_open
-from daedalus.engines.measure import ensure_build
-from daedalus.engines.process import EngineError
-from daedalus.engines.tiny_model import ensure_model
 from daedalus.schemas.ticket import Decision, DecisionKind, TicketSpec, TicketState
-from daedalus.stack import running_stack
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 
@@ -39,6 +35,10 @@ def demo(
     ticket: Annotated[Path, typer.Option("-f", "--file", help="the ticket to run")] = DEMO_TICKET,
 ) -> None:
     """Run the local example ticket through dispatch, build, gates and close; print its audit trail."""
+    from daedalus.engines.measure import ensure_build  # the engine stack loads only when a command needs it
+    from daedalus.engines.process import EngineError
+    from daedalus.engines.tiny_model import ensure_model
+
     settings = Settings()
     try:
         spec = tickets.load_spec(ticket)
@@ -93,6 +93,8 @@ def _with_demo_repo(spec: TicketSpec, settings: Settings) -> TicketSpec:
 
 
 async def _drive(spec: TicketSpec, settings: Settings, embedded: bool) -> TicketState:
+    from daedalus.stack import running_stack
+
     async with running_stack(settings, hosts=[spec.host], embedded=embedded) as stack:
         where = (
             "embedded dev server (SQLite under .daedalus/)"

@@ -10,10 +10,13 @@ import typer
 from daedalus.cli._common import console, fail, run
 from daedalus.config import Settings
 from daedalus.devserver import DevServerError
-from daedalus.stack import running_stack
 
 
 async def _serve_forever(settings: Settings, hosts: list[str], control: bool, embedded: bool) -> None:
+    from daedalus.stack import (
+        running_stack,
+    )  # workers pull in every activity's libraries: load them only here
+
     async with running_stack(settings, hosts=hosts, control=control, embedded=embedded) as stack:
         if stack.ui_url:
             console.print(f"Temporal UI: [bold]{stack.ui_url}[/bold]  (Ctrl-C stops everything)")

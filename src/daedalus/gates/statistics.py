@@ -3,7 +3,6 @@
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 # A fixed seed: re-deriving a verdict from stored samples must give the same interval.
 BOOTSTRAP_SEED = 20260712
@@ -33,6 +32,10 @@ def summarize(samples: list[float], confidence: float = 0.90) -> Summary:
     cv = float(np.std(values, ddof=1) / abs(mean)) if values.size > 1 and mean != 0 else 0.0
     if values.size == 1 or np.all(values == values[0]):
         return Summary(int(values.size), median, median, median, cv, "exact")
+    from scipy import (
+        stats,
+    )  # deferred: scipy.stats costs a second at import, and most CLI commands never need it
+
     result = stats.bootstrap(
         (values,),
         np.median,
@@ -60,5 +63,7 @@ def clopper_pearson(successes: int, trials: int, confidence: float = 0.90) -> tu
     """Exact two-sided binomial interval: 3/3 at 90% only proves >= 0.368 (>= 0.29 at 95%)."""
     if trials <= 0 or not 0 <= successes <= trials:
         raise ValueError(f"need 0 <= successes <= trials and trials > 0; got {successes}/{trials}")
+    from scipy import stats
+
     interval = stats.binomtest(successes, trials).proportion_ci(confidence_level=confidence, method="exact")
     return float(interval.low), float(interval.high)
