@@ -1,4 +1,8 @@
-"""TrainingRunWorkflow on the real dev server, with a real trainer and (in one test) a host worker we SIGKILL."""
+"""TrainingRunWorkflow on the real dev server, with a real trainer and (in one test) a host worker we SIGKILL.
+
+The control worker runs the real TicketWorkflow (the hunting ticket) and the real audit activity on a SQLite
+store, so each test also reads the run's audit trail back from the store.
+"""
 
 from __future__ import annotations
 
@@ -14,16 +18,36 @@ from pathlib import Path
 
 import psutil
 import pytest
-from temporalio import workflow
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
+from sqlalchemy import Engine
+from sqlmodel import Session, select
+from temporalio.client import (
+    Client,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowHistory,
+    WorkflowUpdateFailedError,
+)
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError
 from temporalio.worker import Replayer, Worker
 
+from daedalus.activities.audit import AuditActivities
 from daedalus.activities.training import TrainingActivities
-from daedalus.schemas.ticket import AgentName, Decision, TicketInput, TicketKind
+from daedalus.schemas.audit import AuditKind
+from daedalus.schemas.ticket import (
+    AgentName,
+    CancelRequest,
+    Decision,
+    DecisionKind,
+    EngineKind,
+    EngineRef,
+    TicketKind,
+    TicketStatus,
+)
 from daedalus.schemas.training import (
     CheckpointPolicy,
     DeathClass,
+    HuntPolicy,
     MemorySource,
     RestartPolicy,
     RunState,
@@ -33,20 +57,16 @@ from daedalus.schemas.training import (
     TrainingRunStatus,
     WatchdogPolicy,
 )
+from daedalus.store.queries import audit_events
+from daedalus.store.tables import AuditEventRow, DecisionRow, TicketRow
+from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
+from tests.support import status_is, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINER = ROOT / "tests" / "fixtures" / "trainer.py"
 HISTORIES = ROOT / "tests" / "histories"
-
-
-@workflow.defn(name="TicketWorkflow", sandboxed=False)  # test-module imports do not sandbox
-class HuntingTicketStandIn:
-    """Stands in for the lead's TicketWorkflow under its name: it only keeps what it was filed with."""
-
-    @workflow.run
-    async def run(self, ticket: TicketInput) -> TicketInput:
-        return ticket
+WORKFLOWS = [TrainingRunWorkflow, TicketWorkflow]
 
 
 def make_spec(tmp: Path, *trainer_args: str, **overrides: object) -> TrainingRunSpec:
@@ -79,12 +99,24 @@ def make_spec(tmp: Path, *trainer_args: str, **overrides: object) -> TrainingRun
 
 @asynccontextmanager
 async def workers(
-    client: Client, task_queue: str, spec: TrainingRunSpec, tmp: Path, host_worker: bool = True
+    client: Client,
+    task_queue: str,
+    spec: TrainingRunSpec,
+    tmp: Path,
+    engine: Engine,
+    host_worker: bool = True,
 ) -> AsyncIterator[None]:
+    """The control queue (both workflows, the audit store) and, unless told otherwise, the run's host queue."""
     acts = TrainingActivities(tmp / "artifacts")
+    audit = AuditActivities(engine)
     # max_cached_workflows=0: every workflow task replays the whole history, as after a worker restart.
     async with Worker(
-        client, task_queue=task_queue, workflows=[TrainingRunWorkflow, HuntingTicketStandIn], max_cached_workflows=0
+        client,
+        task_queue=task_queue,
+        workflows=WORKFLOWS,
+        activities=[audit.record_audit_event],
+        max_cached_workflows=0,
+        workflow_failure_exception_types=[Exception],  # a workflow bug fails the run at once
     ):
         if host_worker:
             async with Worker(
@@ -127,18 +159,31 @@ async def expect_rejected(call: Awaitable[object], fragment: str) -> None:
     assert fragment in str(caught.value.cause)
 
 
-async def replay(handle: WorkflowHandle[TrainingRunWorkflow, TrainingRunStatus], record_as: str | None) -> None:
+async def replay(
+    handle: WorkflowHandle[TrainingRunWorkflow, TrainingRunStatus], record_as: str | None
+) -> None:
     history = await handle.fetch_history()
-    await Replayer(workflows=[TrainingRunWorkflow, HuntingTicketStandIn], data_converter=pydantic_data_converter).replay_workflow(history)
+    await Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter).replay_workflow(history)
     if record_as and os.environ.get("DAEDALUS_RECORD_HISTORIES"):
         (HISTORIES / record_as).write_text(history.to_json())
 
 
+def audit_trail(engine: Engine, spec: TrainingRunSpec) -> list[AuditEventRow]:
+    """The run's audit events from the store, in the order they were written."""
+    with Session(engine) as session:
+        events = list(audit_events(session=session, ticket_id=spec.workflow_id))
+    assert {(e.workflow_id, e.run_id) for e in events} == {(spec.workflow_id, events[0].run_id)}
+    return sorted(events, key=lambda e: e.seq)
+
+
 async def test_third_death_escalates_once_and_opens_one_hunting_ticket(
-    temporal_client: Client, task_queue: str, tmp_path: Path
+    temporal_client: Client, task_queue: str, tmp_path: Path, sqlite_engine: Engine
 ) -> None:
-    spec = make_spec(tmp_path, "--mib-per-step", "8", "--step-s", "0.05", "--half-written-every", "3")
-    async with workers(temporal_client, task_queue, spec, tmp_path):
+    hunt = HuntPolicy(engine=EngineRef(name="trainer", kind=EngineKind.VLLM, repo=str(ROOT)))
+    spec = make_spec(
+        tmp_path, "--mib-per-step", "8", "--step-s", "0.05", "--half-written-every", "3", hunt=hunt
+    )
+    async with workers(temporal_client, task_queue, spec, tmp_path, sqlite_engine):
         handle = await temporal_client.start_workflow(
             TrainingRunWorkflow.run, TrainingRunInput(spec=spec), id=spec.workflow_id, task_queue=task_queue
         )
@@ -149,7 +194,7 @@ async def test_third_death_escalates_once_and_opens_one_hunting_ticket(
         status = await until(handle, lambda s: s.state is RunState.AWAITING_DECISION)
 
     # A worker restart while the decision is pending: the replay must not open a second ticket.
-    async with workers(temporal_client, task_queue, spec, tmp_path):
+    async with workers(temporal_client, task_queue, spec, tmp_path, sqlite_engine):
         await handle.signal(TrainingRunWorkflow.report_death, status.deaths[-1])
         status = await until(handle, lambda s: s.state is RunState.AWAITING_DECISION)
         assert [d.incarnation for d in status.deaths] == [1, 2, 3]
@@ -160,26 +205,48 @@ async def test_third_death_escalates_once_and_opens_one_hunting_ticket(
         # Incarnations 2 and 3 resumed from the checkpoint the previous one wrote on our stop signal.
         log2 = (tmp_path / "state" / spec.name / "incarnation-0002" / "trainer.log").read_text()
         assert f"resume={status.deaths[0].last_checkpoint}" in log2
-        ticket = await temporal_client.get_workflow_handle(f"ticket-{ticket_id}", result_type=TicketInput).result()
-        assert ticket.spec.kind is TicketKind.HUNT and ticket.spec.agent is not None
-        assert ticket.spec.agent.name is AgentName.CODEX
+        # The real TicketWorkflow holds the hunting ticket until wayne approves its dispatch.
+        ticket_handle = temporal_client.get_workflow_handle_for(TicketWorkflow.run, f"ticket-{ticket_id}")
+        ticket = await wait_for(ticket_handle, status_is(TicketStatus.AWAITING_APPROVAL))
+        assert ticket.spec.id == ticket_id and ticket.spec.kind is TicketKind.HUNT
+        assert ticket.spec.agent is not None and ticket.spec.agent.name is AgentName.CODEX
+        assert ticket.spec.engine == hunt.engine and ticket.spec.host == spec.host
         for death in status.deaths:
             assert death.id in ticket.spec.spec and str(death.curve_path) in ticket.spec.spec
-        with pytest.raises(Exception, match="not found"):
+        assert ticket.pending_decision is not None and ticket.pending_decision.kind is DecisionKind.DISPATCH
+        assert ticket.pending_decision.deciders == ["wayne"]
+        with Session(sqlite_engine) as session:
+            waiting = session.exec(select(TicketRow).where(TicketRow.status == "awaiting_approval")).all()
+        assert [(t.ticket_id, t.workflow_id, t.kind, t.agent) for t in waiting] == [
+            (ticket_id, f"ticket-{ticket_id}", "hunt", "codex")
+        ]
+        hunts = [
+            w.id
+            async for w in temporal_client.list_workflows(f'WorkflowId STARTS_WITH "ticket-hunt-{spec.name}"')
+        ]
+        assert hunts == [f"ticket-{ticket_id}"]
+        with pytest.raises(RPCError, match="not found"):
             await temporal_client.get_workflow_handle(f"ticket-hunt-{spec.name}-2").describe()
 
         request = status.pending_decision
         assert request is not None and request.options == ["restart", "stop"]
         await expect_rejected(
-            handle.execute_update(TrainingRunWorkflow.decide, Decision(request_id="nope", option="stop", decided_by="wayne")),
+            handle.execute_update(
+                TrainingRunWorkflow.decide, Decision(request_id="nope", option="stop", decided_by="wayne")
+            ),
             "unknown decision request",
         )
         await expect_rejected(
-            handle.execute_update(TrainingRunWorkflow.decide, Decision(request_id=request.id, option="maybe", decided_by="wayne")),
+            handle.execute_update(
+                TrainingRunWorkflow.decide,
+                Decision(request_id=request.id, option="maybe", decided_by="wayne"),
+            ),
             "unknown option",
         )
         await expect_rejected(
-            handle.execute_update(TrainingRunWorkflow.decide, Decision(request_id=request.id, option="stop", decided_by="codex")),
+            handle.execute_update(
+                TrainingRunWorkflow.decide, Decision(request_id=request.id, option="stop", decided_by="codex")
+            ),
             "may not decide",
         )
         assert (await handle.query(TrainingRunWorkflow.status)).pending_decision == request  # nothing written
@@ -187,13 +254,53 @@ async def test_third_death_escalates_once_and_opens_one_hunting_ticket(
             TrainingRunWorkflow.decide, Decision(request_id=request.id, option="stop", decided_by="wayne")
         )
         final = await handle.result()
+        # The hunt outlives the run (ABANDON); cancel it so the test leaves nothing open.
+        await ticket_handle.execute_update(
+            TicketWorkflow.cancel, CancelRequest(requested_by="wayne", reason="test over")
+        )
+        assert (await ticket_handle.result()).status is TicketStatus.CANCELLED
     assert final.state is RunState.STOPPED and final.hunting_tickets == [ticket_id]
     assert not trainers(spec)
+
+    # One audit event per transition, none twice, despite the duplicated reports and the worker restart.
+    trail = audit_trail(sqlite_engine, spec)
+    assert [(e.seq, e.kind) for e in trail] == list(
+        enumerate(
+            [
+                AuditKind.TRAINING,
+                AuditKind.DEATH,
+                AuditKind.TRAINING,
+                AuditKind.DEATH,
+                AuditKind.TRAINING,
+                AuditKind.DEATH,
+                AuditKind.HUNT,
+                AuditKind.DECISION_REQUESTED,
+                AuditKind.DECIDED,
+                AuditKind.CLOSED,
+            ],
+            start=1,
+        )
+    )
+    starts = [e for e in trail if e.kind == AuditKind.TRAINING]
+    assert [e.summary.split(" incarnation")[0] for e in starts] == ["started", "restarted", "restarted"]
+    assert starts[1].detail["resume_from"] == final.deaths[0].last_checkpoint
+    deaths = [e for e in trail if e.kind == AuditKind.DEATH]
+    assert [(e.detail["death_id"], e.detail["class"]) for e in deaths] == [
+        (d.id, "watchdog_stop") for d in final.deaths
+    ]
+    assert all(d.summary in e.summary for d, e in zip(final.deaths, deaths, strict=True))
+    assert [e.detail["death_counter"] for e in deaths] == ["1", "2", "3"]
+    assert trail[6].detail["ticket"] == ticket_id
+    assert (trail[8].actor, trail[9].actor, trail[9].status) == ("wayne", "wayne", "stopped")
+    with Session(sqlite_engine) as session:
+        asked = session.get(DecisionRow, request.id)
+    assert asked is not None and asked.ticket_id == ticket_id
+    assert (asked.option, asked.decided_by, asked.channel) == ("stop", "wayne", "cli")
     await replay(handle, "training-escalation.json")
 
 
 async def test_worker_killed_mid_run_reattaches_without_a_second_trainer(
-    temporal_client: Client, task_queue: str, tmp_path: Path
+    temporal_client: Client, task_queue: str, tmp_path: Path, sqlite_engine: Engine
 ) -> None:
     spec = make_spec(tmp_path, "--step-s", "0.05", history_limit=100)
     address = temporal_client.service_client.config.target_host
@@ -201,7 +308,14 @@ async def test_worker_killed_mid_run_reattaches_without_a_second_trainer(
 
     def host_worker() -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.workflows.training_worker", address, host_queue, str(tmp_path / "artifacts")],
+            [
+                sys.executable,
+                "-m",
+                "tests.workflows.training_worker",
+                address,
+                host_queue,
+                str(tmp_path / "artifacts"),
+            ],
             cwd=ROOT,
             stdout=subprocess.PIPE,
         )
@@ -211,9 +325,12 @@ async def test_worker_killed_mid_run_reattaches_without_a_second_trainer(
     first = host_worker()
     second: subprocess.Popen[bytes] | None = None
     try:
-        async with workers(temporal_client, task_queue, spec, tmp_path, host_worker=False):
+        async with workers(temporal_client, task_queue, spec, tmp_path, sqlite_engine, host_worker=False):
             handle = await temporal_client.start_workflow(
-                TrainingRunWorkflow.run, TrainingRunInput(spec=spec), id=spec.workflow_id, task_queue=task_queue
+                TrainingRunWorkflow.run,
+                TrainingRunInput(spec=spec),
+                id=spec.workflow_id,
+                task_queue=task_queue,
             )
             running = await until(handle, lambda s: s.trainer_pid is not None and s.memory_now is not None)
             pid = running.trainer_pid
@@ -232,6 +349,15 @@ async def test_worker_killed_mid_run_reattaches_without_a_second_trainer(
         assert [d.death_class for d in final.deaths] == [DeathClass.REQUESTED_STOP]
         assert final.deaths[0].oom_score_adj == 800
         assert not trainers(spec)
+        # The seq travelled across continue-as-new: the death and the end are not lost as "already written".
+        assert final.continued >= 1
+        trail = audit_trail(sqlite_engine, spec)
+        assert [(e.seq, e.kind, e.actor) for e in trail] == [
+            (1, AuditKind.TRAINING, "daedalus"),
+            (2, AuditKind.DEATH, "watchdog"),
+            (3, AuditKind.CLOSED, "wayne"),
+        ]
+        assert trail[1].detail["class"] == "requested_stop" and trail[2].status == "stopped"
         await replay(handle, "training-reattach.json")
     finally:
         for proc in (first, second):
@@ -241,10 +367,10 @@ async def test_worker_killed_mid_run_reattaches_without_a_second_trainer(
 
 
 async def test_command_that_does_not_exist_fails_the_run_clearly(
-    temporal_client: Client, task_queue: str, tmp_path: Path
+    temporal_client: Client, task_queue: str, tmp_path: Path, sqlite_engine: Engine
 ) -> None:
     spec = make_spec(tmp_path).model_copy(update={"command": ["no-such-trainer-xyz"]})
-    async with workers(temporal_client, task_queue, spec, tmp_path):
+    async with workers(temporal_client, task_queue, spec, tmp_path, sqlite_engine):
         handle = await temporal_client.start_workflow(
             TrainingRunWorkflow.run, TrainingRunInput(spec=spec), id=spec.workflow_id, task_queue=task_queue
         )
@@ -252,13 +378,38 @@ async def test_command_that_does_not_exist_fails_the_run_clearly(
             await handle.result()
     assert "not on PATH" in str(caught.value.cause)
     assert not (tmp_path / "state" / spec.name / "incarnation-0001" / "launch.intent").exists()
+    trail = audit_trail(sqlite_engine, spec)
+    assert [(e.seq, e.kind, e.status) for e in trail] == [
+        (1, AuditKind.TRAINING, "running"),
+        (2, AuditKind.CLOSED, "gave_up"),
+    ]
+    assert "not on PATH" in trail[1].summary
 
 
-@pytest.mark.parametrize("name", ["training-escalation.json", "training-reattach.json"])
+STORED = sorted(p.name for p in HISTORIES.glob("training-*.json"))
+
+
+def test_stored_histories_are_there() -> None:
+    """v1: recorded before runs wrote audit events (the AUDIT_PATCH keeps them replaying); then the current ones."""
+    assert STORED == [
+        "training-escalation.json",
+        "training-reattach.json",
+        "training-v1-escalation.json",
+        "training-v1-reattach.json",
+    ]
+
+
+@pytest.mark.parametrize("name", STORED)
 async def test_stored_histories_replay(name: str) -> None:
     history = json.loads((HISTORIES / name).read_text())
-    from temporalio.client import WorkflowHistory
-
-    await Replayer(workflows=[TrainingRunWorkflow, HuntingTicketStandIn], data_converter=pydantic_data_converter).replay_workflow(
-        WorkflowHistory.from_json(f"training-{name}", history)
+    result = await Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter).replay_workflow(
+        WorkflowHistory.from_json(f"training-{name}", history), raise_on_replay_failure=False
     )
+    assert result.replay_failure is None, f"{name}: {result.replay_failure}"
+    audits = [
+        e
+        for e in history["events"]
+        if e.get("activityTaskScheduledEventAttributes", {}).get("activityType", {}).get("name")
+        == "record_audit_event"
+    ]
+    assert bool(audits) == ("-v1-" not in name)

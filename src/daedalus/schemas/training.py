@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 
 from daedalus.schemas._base import Model
-from daedalus.schemas.ticket import AgentName, ApprovalPolicy, Decision, DecisionRequest
+from daedalus.schemas.ticket import AgentName, ApprovalPolicy, Decision, DecisionRequest, EngineRef
 
 RUN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$"
 GIB = 1024**3
@@ -49,7 +49,9 @@ class WatchdogPolicy(Model):
     term_grace_s: float = Field(default=30.0, ge=0)
     oom_score_adj: int = Field(default=800, ge=-1000, le=1000)
     report_interval_s: float = Field(
-        default=30.0, gt=0, description="how often the watchdog reports to the workflow (one activity segment)"
+        default=30.0,
+        gt=0,
+        description="how often the watchdog reports to the workflow (one activity segment)",
     )
 
     @field_validator("checkpoint_signal")
@@ -69,7 +71,9 @@ class WatchdogPolicy(Model):
                 "the run would be stopped at once; lower the threshold or raise the budget"
             )
         if self.min_fit_span_s > self.slope_window_s:
-            raise ValueError(f"min_fit_span_s {self.min_fit_span_s} exceeds slope_window_s {self.slope_window_s}")
+            raise ValueError(
+                f"min_fit_span_s {self.min_fit_span_s} exceeds slope_window_s {self.slope_window_s}"
+            )
         return self
 
     @property
@@ -81,7 +85,9 @@ class CheckpointPolicy(Model):
     """Where the trainer writes checkpoints and how many complete ones to keep."""
 
     directory: Path
-    every_steps: int = Field(default=10, ge=1, description="passed to the trainer as DAEDALUS_CHECKPOINT_EVERY")
+    every_steps: int = Field(
+        default=10, ge=1, description="passed to the trainer as DAEDALUS_CHECKPOINT_EVERY"
+    )
     keep: int = Field(default=2, ge=1, description="keep the latest K complete checkpoints")
     marker: str = Field(default=CHECKPOINT_MARKER, min_length=1)
 
@@ -104,7 +110,14 @@ class HuntPolicy(Model):
 
     agent: AgentName = AgentName.CODEX
     model: str | None = None
-    repo: str | None = Field(default=None, description="the trainer's repository, for the agent")
+    repo: str | None = Field(
+        default=None, description="superseded by `engine`; kept so filed runs still load"
+    )
+    engine: EngineRef | None = Field(
+        default=None,
+        description="the repository the hunting agent works in (the trainer's, or the engine fork it drives); "
+        "without it the hunting ticket can be filed and approved, but its attempt has no checkout to work in",
+    )
 
 
 class TrainingRunSpec(Model):
@@ -120,9 +133,13 @@ class TrainingRunSpec(Model):
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
     hunt: HuntPolicy = Field(default_factory=HuntPolicy)
     approval: ApprovalPolicy = Field(default_factory=ApprovalPolicy)
-    state_dir: Path | None = Field(default=None, description="pidfiles and curves; default <artifact dir>/training")
+    state_dir: Path | None = Field(
+        default=None, description="pidfiles and curves; default <artifact dir>/training"
+    )
     artifact_dir: Path | None = Field(default=None, description="default Settings().artifact_dir")
-    history_limit: int = Field(default=2000, ge=100, le=9000, description="continue-as-new past this many events")
+    history_limit: int = Field(
+        default=2000, ge=100, le=9000, description="continue-as-new past this many events"
+    )
 
     @property
     def workflow_id(self) -> str:
@@ -215,7 +232,9 @@ class SegmentReport(Model):
 
     incarnation: int
     trainer_pid: int | None = None
-    attached: bool = Field(default=False, description="True when this segment found the trainer already running")
+    attached: bool = Field(
+        default=False, description="True when this segment found the trainer already running"
+    )
     started_at: datetime
     samples: int = 0
     memory_now: MemoryReading | None = None
@@ -256,7 +275,9 @@ class HostReportInput(Model):
     host: str
     proc_root: Path = Path("/proc")
     etc_root: Path = Path("/etc")
-    crontab_roots: list[Path] = Field(default_factory=lambda: [Path("/var/spool/cron/crontabs"), Path("/var/spool/cron")])
+    crontab_roots: list[Path] = Field(
+        default_factory=lambda: [Path("/var/spool/cron/crontabs"), Path("/var/spool/cron")]
+    )
 
 
 class StopTraining(Model):
@@ -291,6 +312,11 @@ class TrainingCarry(Model):
     last_report: SegmentReport | None = None
     host_report: HostReport | None = None
     continued: int = 0
+    audit_seq: int = Field(
+        default=0,
+        ge=0,
+        description="the last audit event's sequence number; (first run id, seq) spans the chain",
+    )
 
 
 class TrainingRunInput(Model):
