@@ -9,6 +9,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import BaseModel, ValidationError
+from rich.markup import escape
 from rich.table import Table
 
 from daedalus import client as tickets
@@ -97,7 +98,7 @@ def show(ticket_id: str) -> None:
 
 def print_state(state: TicketState) -> None:
     spec = state.spec
-    console.print(f"[bold]ticket {spec.id}[/bold]: {spec.title}  [{state.status.value}]")
+    console.print(f"[bold]ticket {spec.id}[/bold]: {escape(spec.title)}  \\[{state.status.value}]")
     console.print(
         f"  host {spec.host}, agent {spec.agent.name.value if spec.agent else '-'}, max attempts {spec.max_attempts}"
     )
