@@ -109,20 +109,13 @@ def print_state(state: TicketState) -> None:
     if state.attempts:
         table = Table("attempt", "outcome", "commit", "gate", "verdict", "median", "90% CI", "rule")
         for attempt in state.attempts:
-            results = attempt.gate_results or [None]
-            for result in results:
-                table.add_row(
-                    str(attempt.number),
-                    attempt.outcome.value,
-                    (attempt.commit or "-")[:10],
-                    result.gate if result else "-",
-                    result.verdict.value if result else "-",
-                    f"{result.median:.4g}" if result and result.median is not None else "",
-                    f"[{result.ci_low:.4g}, {result.ci_high:.4g}]"
-                    if result and result.ci_low is not None
-                    else "",
-                    result.rule if result else attempt.detail[:60],
-                )
+            head = [str(attempt.number), attempt.outcome.value, (attempt.commit or "-")[:10]]
+            if not attempt.gate_results:
+                table.add_row(*head, "-", "-", "", "", escape(attempt.detail[:80]))
+            for result in attempt.gate_results:
+                interval = f"[{result.ci_low:.4g}, {result.ci_high:.4g}]" if result.ci_low is not None else ""
+                median = f"{result.median:.4g}" if result.median is not None else ""
+                table.add_row(*head, result.gate, result.verdict.value, median, escape(interval), result.rule)
         console.print(table)
     if state.pending_decision:
         request = state.pending_decision

@@ -6,7 +6,7 @@ Create Date: ${create_date}
 """
 
 import sqlalchemy as sa
-import sqlmodel
+from sqlmodel.sql import sqltypes
 from alembic import op
 
 revision = ${repr(up_revision)}
