@@ -1,0 +1,53 @@
+"""create_app: the FastAPI app. Handlers verify, start or update a ticket's workflow, and return."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from sqlalchemy import Engine
+from temporalio.client import Client
+
+from daedalus.api import audit, decisions, tickets
+from daedalus.api.context import ApiContext, ClientFactory
+from daedalus.api.errors import validation_handler
+from daedalus.api.settings import ApiSettings
+from daedalus.slack import interactions
+from daedalus.slack.settings import SlackSettings
+
+
+def create_app(
+    *,
+    engine: Engine,
+    control_queue: str,
+    client: Client | None = None,
+    client_factory: ClientFactory | None = None,
+    settings: ApiSettings | None = None,
+    slack: SlackSettings | None = None,
+) -> FastAPI:
+    """The API over one Temporal client (given, or connected on first use by `client_factory`) and one store."""
+    if (client is None) == (client_factory is None):
+        raise ValueError("create_app needs exactly one of `client` and `client_factory`")
+    if client is not None:
+        connected = client
+
+        async def factory() -> Client:
+            return connected
+
+        client_factory = factory
+    assert client_factory is not None
+    app = FastAPI(
+        title="Daedalus",
+        summary="File tickets, answer decisions and read the audit trail of an ML-inference team's work.",
+        version="0.1.0",
+    )
+    app.state.daedalus = ApiContext(
+        engine=engine,
+        control_queue=control_queue,
+        settings=settings if settings is not None else ApiSettings(),
+        slack=slack if slack is not None else SlackSettings(),
+        client_factory=client_factory,
+    )
+    app.add_exception_handler(RequestValidationError, validation_handler)
+    for router in (tickets.router, decisions.router, audit.router, interactions.router):
+        app.include_router(router)
+    return app

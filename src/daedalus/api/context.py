@@ -1,0 +1,96 @@
+"""What every request handler needs: the Temporal client, the store, the settings, the caller."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import Engine
+from temporalio.client import Client
+
+from daedalus.api.settings import ApiSettings
+from daedalus.client import TicketError
+from daedalus.slack.settings import SlackSettings
+
+ClientFactory = Callable[[], Awaitable[Client]]
+
+
+@dataclass
+class ApiContext:
+    engine: Engine
+    control_queue: str
+    settings: ApiSettings
+    slack: SlackSettings
+    client_factory: ClientFactory
+    _client: Client | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def client(self) -> Client:
+        """Connect once, on first use (ASGI lifespan does not run under every server or test transport)."""
+        if self._client is None:
+            async with self._lock:
+                if self._client is None:
+                    try:
+                        self._client = await self.client_factory()
+                    except TicketError as error:
+                        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(error)) from error
+        return self._client
+
+
+def get_context(request: Request) -> ApiContext:
+    context: ApiContext = request.app.state.daedalus
+    return context
+
+
+async def get_client(context: Annotated[ApiContext, Depends(get_context)]) -> Client:
+    return await context.client()
+
+
+bearer = HTTPBearer(auto_error=False, description="a token from DAEDALUS_API_TOKENS")
+
+
+def get_caller(
+    context: Annotated[ApiContext, Depends(get_context)],
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> str:
+    """The person behind the bearer token; 401 without a known one."""
+    challenge = {"WWW-Authenticate": "Bearer"}
+    if not context.settings.tokens:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            'this API has no tokens configured; set DAEDALUS_API_TOKENS=\'{"<token>": "<person>"}\'',
+            headers=challenge,
+        )
+    if credentials is None:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED, "send `Authorization: Bearer <token>`", headers=challenge
+        )
+    person = None
+    given = credentials.credentials.encode()
+    for token, who in context.settings.tokens.items():
+        # compare against every token, so the time taken says nothing about which prefix matched
+        if hmac.compare_digest(token.encode(), given):
+            person = who
+    if person is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "unknown bearer token", headers=challenge)
+    return person
+
+
+Context = Annotated[ApiContext, Depends(get_context)]
+TemporalClient = Annotated[Client, Depends(get_client)]
+Caller = Annotated[str, Depends(get_caller)]
+
+
+def require_same_person(caller: str, claimed: str, field_name: str) -> None:
+    """A request may act only as the person its token belongs to."""
+    if claimed.lower() != caller:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"{field_name} is {claimed!r} but your token belongs to {caller!r}; "
+            f"you can act only as yourself (delegate to let someone decide for you)",
+        )

@@ -1,0 +1,48 @@
+"""/decisions: answer a pending decision request as the caller; list requests and answers from the store."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from daedalus import client as tickets
+from daedalus.api.context import Caller, Context, TemporalClient, require_same_person
+from daedalus.api.errors import refusal, within
+from daedalus.api.models import DecisionPublic
+from daedalus.client import TicketError
+from daedalus.schemas.ticket import Decision, TicketState
+from daedalus.store import queries
+from daedalus.store.database import session_scope
+
+router = APIRouter(prefix="/decisions", tags=["decisions"])
+
+
+@router.post("", response_model=TicketState)
+async def decide(decision: Decision, caller: Caller, context: Context, client: TemporalClient) -> TicketState:
+    """Answer a decision request. `decided_by` must be the caller; the ticket checks the request id, the
+    option and the caller's authority before it writes anything (409 with its reason when it refuses)."""
+    require_same_person(caller, decision.decided_by, "decided_by")
+    decision = decision.model_copy(update={"channel": "api"})
+    try:
+        return await within(
+            tickets.decide(client, decision), context.settings.update_timeout_s, decision.request_id
+        )
+    except TicketError as error:
+        raise refusal(error) from error
+
+
+@router.get("", response_model=list[DecisionPublic])
+async def list_decisions(
+    _: Caller,
+    context: Context,
+    ticket: Annotated[str | None, Query(description="only this ticket's requests")] = None,
+    pending: Annotated[bool, Query(description="only requests still waiting for an answer")] = False,
+) -> list[DecisionPublic]:
+    def read() -> list[DecisionPublic]:
+        with session_scope(context.engine) as session:
+            rows = queries.decisions(session=session, ticket_id=ticket, pending=pending)
+            return [DecisionPublic.model_validate(row) for row in rows]
+
+    return await asyncio.to_thread(read)

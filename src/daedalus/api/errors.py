@@ -1,0 +1,70 @@
+"""Refusals as HTTP: TicketError -> the status its cause calls for; validation -> field paths a person can read."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
+
+from fastapi import HTTPException, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from daedalus.client import TicketError
+
+T = TypeVar("T")
+
+
+def status_for(error: TicketError) -> int:
+    """A TicketError's HTTP status, from what Temporal said underneath it."""
+    cause = error.__cause__
+    if isinstance(cause, WorkflowAlreadyStartedError | WorkflowUpdateFailedError):
+        return status.HTTP_409_CONFLICT  # a live duplicate, or the ticket's validator refused the change
+    if isinstance(cause, RPCError):
+        if cause.status is RPCStatusCode.NOT_FOUND:
+            return status.HTTP_404_NOT_FOUND
+        return status.HTTP_502_BAD_GATEWAY
+    return status.HTTP_422_UNPROCESSABLE_CONTENT  # refused before reaching Temporal: a malformed id
+
+
+def refusal(error: TicketError) -> HTTPException:
+    return HTTPException(status_for(error), str(error))
+
+
+async def within(awaitable: Awaitable[T], timeout_s: float, what: str) -> T:
+    """Wait on Temporal for at most `timeout_s`; a request handler never waits on a stuck worker for long."""
+    try:
+        return await asyncio.wait_for(awaitable, timeout_s)
+    except TimeoutError as error:
+        raise HTTPException(
+            status.HTTP_504_GATEWAY_TIMEOUT,
+            f"{what}: no answer from the ticket within {timeout_s:g}s; is a control worker running "
+            f"(`daedalus worker`)? The request may still be applied when one picks it up",
+        ) from error
+
+
+def explain_problems(problems: Sequence[Any], source: str) -> tuple[str, list[dict[str, str]]]:
+    """Pydantic problems as `client.explain` writes them: one line per field path, with what was given."""
+    lines = [f"{source} is not valid ({len(problems)} problem(s)):"]
+    fields: list[dict[str, str]] = []
+    for problem in problems:
+        loc = [str(part) for part in problem.get("loc", ())]
+        if loc and loc[0] in ("body", "query", "path", "header"):
+            loc = loc[1:]
+        where = ".".join(loc) or "(top level)"
+        given = problem.get("input")
+        shown = "" if isinstance(given, dict | list) or given is None else f" (got {given!r})"
+        lines.append(f"  - {where}: {problem.get('msg', 'invalid')}{shown}")
+        fields.append({"field": where, "problem": str(problem.get("msg", "invalid"))})
+    return "\n".join(lines), fields
+
+
+async def validation_handler(request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, RequestValidationError)
+    detail, fields = explain_problems(error.errors(), f"{request.method} {request.url.path}")
+    return JSONResponse(
+        status_code=status.HTTP_422_UNPROCESSABLE_CONTENT, content={"detail": detail, "problems": fields}
+    )

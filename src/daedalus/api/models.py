@@ -1,0 +1,102 @@
+"""What the API answers with. Table rows never leave the store: each is copied into one of these."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict
+
+from daedalus.schemas.ticket import TicketState
+
+
+class Public(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class TicketFiled(Public):
+    ticket_id: str
+    workflow_id: str
+    run_id: str | None
+    filed_by: str
+
+
+class TicketSummary(Public):
+    """A row of the tickets projection (the store), as of its latest audit event."""
+
+    ticket_id: str
+    workflow_id: str
+    title: str
+    parent: str | None
+    kind: str
+    host: str
+    engine: str | None
+    agent: str | None
+    status: str
+    attempts: int
+    awaiting: str | None
+    outcome_reason: str
+    filed_at: datetime
+    updated_at: datetime
+    closed_at: datetime | None
+
+
+class VerdictPublic(Public):
+    attempt: int
+    gate: str
+    metric: str
+    verdict: str
+    rule: str
+    reason: str
+    method: str
+    median: float | None
+    ci_low: float | None
+    ci_high: float | None
+    confidence: float
+    samples: list[float]
+    host: str
+    commit: str
+    recorded_at: datetime
+
+
+class TicketDetail(Public):
+    ticket_id: str
+    workflow_id: str
+    live: TicketState | None
+    """Temporal's answer to the `state` query; None when Temporal could not answer in time."""
+    projection: TicketSummary | None
+    """The store's row; None until the first audit event is written."""
+    verdicts: list[VerdictPublic]
+
+
+class AuditEventPublic(Public):
+    workflow_id: str
+    run_id: str
+    seq: int
+    ticket_id: str
+    kind: str
+    actor: str
+    at: datetime
+    status: str
+    summary: str
+    detail: dict[str, str]
+
+
+class DecisionPublic(Public):
+    request_id: str
+    ticket_id: str
+    kind: str
+    question: str
+    options: list[str]
+    deciders: list[str]
+    requested_at: datetime
+    option: str | None
+    decided_by: str | None
+    channel: str | None
+    note: str
+    decided_at: datetime | None
+
+
+class Delegated(Public):
+    ticket_id: str
+    kind: str
+    delegates: list[str]

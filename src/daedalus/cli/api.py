@@ -1,0 +1,54 @@
+"""`daedalus api serve`: the HTTP API (tickets, decisions, audit, Slack interactions) under uvicorn."""
+
+from __future__ import annotations
+
+import typer
+from pydantic import ValidationError
+
+from daedalus.cli._common import client, console, fail, store
+from daedalus.config import Settings
+
+app = typer.Typer(help="The HTTP API.", no_args_is_help=True)
+
+
+@app.callback()
+def api() -> None:
+    """The HTTP API: tickets, decisions, audit, Slack interactions."""
+
+
+@app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", help="interface to listen on"),
+    port: int = typer.Option(8000, help="port to listen on"),
+) -> None:
+    """Serve the API (docs at /docs). Tokens come from DAEDALUS_API_TOKENS, Slack from DAEDALUS_SLACK_*."""
+    # FastAPI and uvicorn load here, not at CLI start-up.
+    import uvicorn
+    from temporalio.client import Client
+
+    from daedalus.api.app import create_app
+    from daedalus.api.settings import ApiSettings
+    from daedalus.slack.settings import SlackSettings
+
+    settings = Settings()
+    try:
+        api_settings, slack_settings = ApiSettings(), SlackSettings()
+    except ValidationError as error:
+        fail(f"bad API or Slack settings: {error}")
+    if not api_settings.tokens:
+        console.print(
+            "[yellow]DAEDALUS_API_TOKENS is empty: every endpoint but /docs will answer 401[/yellow]"
+        )
+
+    async def connect() -> Client:
+        return await client(settings)
+
+    application = create_app(
+        engine=store(settings),
+        control_queue=settings.control_queue,
+        client_factory=connect,
+        settings=api_settings,
+        slack=slack_settings,
+    )
+    console.print(f"Daedalus API on http://{host}:{port} (docs at /docs); Temporal at {settings.address}")
+    uvicorn.run(application, host=host, port=port)

@@ -1,0 +1,95 @@
+"""Block Kit for a DecisionRequest: the question, its evidence, and one button per option."""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import ValidationError
+from slack_sdk.models.blocks import (
+    ActionsBlock,
+    Block,
+    ButtonElement,
+    ContextBlock,
+    MarkdownTextObject,
+    SectionBlock,
+)
+
+from daedalus.schemas.ticket import DecisionRequest
+from daedalus.slack.models import ButtonValue
+
+ACTION_PREFIX = "decide"
+"""Every decision button's action_id starts with this. Slack refuses two equal action_ids in one block, so
+each button's id is `decide:<option>`; the click handler matches the prefix."""
+
+SECTION_LIMIT = 3000
+STYLES = {"approve": "primary", "reject": "danger", "fail": "danger", "accept": "primary"}
+
+
+class BadButton(ValueError):
+    """A button value that is not one Daedalus made."""
+
+
+def action_id(option: str) -> str:
+    return f"{ACTION_PREFIX}:{option}"
+
+
+def is_decision_action(action_id_: str) -> bool:
+    return action_id_ == ACTION_PREFIX or action_id_.startswith(f"{ACTION_PREFIX}:")
+
+
+def button_value(request_id: str, option: str) -> str:
+    return ButtonValue(request_id=request_id, option=option).model_dump_json()
+
+
+def parse_button_value(value: str) -> ButtonValue:
+    try:
+        return ButtonValue.model_validate(json.loads(value))
+    except (ValueError, ValidationError) as error:
+        raise BadButton(f"this button does not carry a Daedalus decision ({value[:80]!r})") from error
+
+
+def fallback_text(request: DecisionRequest) -> str:
+    """The plain text Slack shows in notifications and to clients without Block Kit."""
+    prefix = f"Reminder {request.reminders_sent}: " if request.reminders_sent else ""
+    return f"{prefix}{request.question} (decision {request.id}; options: {', '.join(request.options)})"
+
+
+def decision_blocks(request: DecisionRequest) -> list[Block]:
+    who = ", ".join(request.deciders + request.delegates)
+    heading = f"*Reminder {request.reminders_sent}* — " if request.reminders_sent else ""
+    blocks: list[Block] = [
+        SectionBlock(
+            block_id=f"question:{request.id}",
+            text=MarkdownTextObject(text=_clip(f"{heading}{request.question}")),
+        )
+    ]
+    if request.evidence:
+        evidence = "\n".join(f"• {line}" for line in request.evidence)
+        blocks.append(
+            SectionBlock(block_id=f"evidence:{request.id}", text=MarkdownTextObject(text=_clip(evidence)))
+        )
+    blocks.append(
+        ContextBlock(
+            block_id=f"who:{request.id}",
+            elements=[MarkdownTextObject(text=_clip(f"decision `{request.id}` · may decide: {who}"))],
+        )
+    )
+    blocks.append(
+        ActionsBlock(
+            block_id=f"decide:{request.id}",
+            elements=[
+                ButtonElement(
+                    text=option[:75],
+                    action_id=action_id(option),
+                    value=button_value(request.id, option),
+                    style=STYLES.get(option),
+                )
+                for option in request.options
+            ],
+        )
+    )
+    return blocks
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= SECTION_LIMIT else text[: SECTION_LIMIT - 1] + "…"
