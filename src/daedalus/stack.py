@@ -17,6 +17,7 @@ from temporalio.client import Client
 from daedalus.client import connect
 from daedalus.config import Settings
 from daedalus.devserver import DevServer
+from daedalus.slack.settings import SlackSettings
 from daedalus.store.database import make_engine, migrate
 from daedalus.worker import WorkerConfig, build_workers
 
@@ -73,6 +74,7 @@ async def running_stack(
             hosts=hosts,
             workspace_root=settings.home / "hosts",
             artifacts=settings.artifact_dir,
+            slack=SlackSettings(),
         )
         workers = build_workers(client, config, engine)
         tasks = [asyncio.create_task(worker.run()) for worker in workers]

@@ -15,9 +15,11 @@ from daedalus.activities.audit import AuditActivities
 from daedalus.activities.builds import BuildActivities
 from daedalus.activities.engines import build_engine, run_benchmark, run_quality_probe
 from daedalus.activities.gates import GateActivities
+from daedalus.activities.notify import NotifyActivities
 from daedalus.activities.training import TrainingActivities
 from daedalus.activities.workspace import Workspace
 from daedalus.schemas.ticket import host_queue
+from daedalus.slack.settings import SlackSettings
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
 
@@ -31,6 +33,8 @@ class WorkerConfig:
     workspace_root: Path
     artifacts: Path
     max_concurrent_activities: int = 50
+    slack: SlackSettings | None = None
+    """None turns notifications off (tests never reach Slack); `daedalus up`/`worker` pass SlackSettings()."""
     fail_workflows_on_bugs: bool = False
     """Tests set this so a workflow bug fails the run at once instead of retrying its task forever."""
 
@@ -38,11 +42,14 @@ class WorkerConfig:
 def control_worker(client: Client, config: WorkerConfig, engine: Engine) -> Worker:
     """Workflows and the activities that touch the network or the database."""
     audit = AuditActivities(engine)
+    # An explicit empty SlackSettings: SlackSettings() would read a developer's .env token.
+    slack = config.slack or SlackSettings(bot_token=None, channel=None)
+    notify = NotifyActivities(slack, config.artifacts / "slack-posted")
     return Worker(
         client,
         task_queue=config.control_queue,
         workflows=list(WORKFLOWS),
-        activities=[audit.record_audit_event],
+        activities=[audit.record_audit_event, notify.notify_decision_request],
         workflow_failure_exception_types=[Exception] if config.fail_workflows_on_bugs else [],
         max_concurrent_activities=config.max_concurrent_activities,
     )

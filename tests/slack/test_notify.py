@@ -14,8 +14,8 @@ from slack_sdk.errors import SlackApiError
 from temporalio.testing import ActivityEnvironment
 
 from daedalus.activities.notify import NotifyActivities
+from daedalus.schemas.notify import NotifyOutcome
 from daedalus.schemas.ticket import DecisionKind, DecisionRequest
-from daedalus.slack.models import NotifyOutcome
 from daedalus.slack.settings import SlackSettings
 from tests.slack.fake_slack import FakeSlack, running_fake_slack
 

@@ -13,9 +13,9 @@ from pathlib import Path
 from slack_sdk.errors import SlackApiError
 from temporalio import activity
 
+from daedalus.schemas.notify import NotifyOutcome, NotifyResult
 from daedalus.schemas.ticket import DecisionRequest
 from daedalus.slack.ledger import PostedLedger
-from daedalus.slack.models import NotifyOutcome, NotifyResult
 from daedalus.slack.notifier import SlackNotifier
 from daedalus.slack.settings import SlackSettings
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from daedalus.cli import demo, engines, stack, tickets, training
+from daedalus.cli import api, demo, engines, stack, tickets, training
 from daedalus.logs import configure_logging
 
 app = typer.Typer(
@@ -22,6 +22,7 @@ app.command()(demo.demo)
 app.add_typer(tickets.app, name="ticket")
 app.add_typer(engines.app, name="engine")
 app.add_typer(training.app, name="train")
+app.add_typer(api.app, name="api")
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from daedalus.schemas.agents import AgentResult, ExitReason
     from daedalus.schemas.audit import AuditEvent, AuditKind, AuditRecord, TicketSnapshot
     from daedalus.schemas.gates import GateResult, GateSpec, Verdict
+    from daedalus.schemas.notify import NotifyResult
     from daedalus.schemas.steps import AttemptInput, BuildInput, BuildResult, GateInput
     from daedalus.schemas.ticket import (
         AttemptOutcome,
@@ -521,6 +522,7 @@ class TicketWorkflow:
             f"asked {', '.join(self._allowed(kind))}: {question}",
             decision_request=request,
         )
+        await self._notify(request)
         reminder = timedelta(seconds=self.spec.approval.reminder_interval_s)
         while True:
             try:
@@ -535,6 +537,7 @@ class TicketWorkflow:
                     AuditKind.DECISION_REMINDER,
                     f"reminder {request.reminders_sent}: {request.id} still waits for a decision",
                 )
+                await self._notify(request)
                 continue
             if self.cancel_request is not None:
                 raise TicketCancelled()
@@ -552,6 +555,19 @@ class TicketWorkflow:
             detail={"request": request.id, "option": answer.option, "channel": answer.channel},
         )
         return answer
+
+    async def _notify(self, request: DecisionRequest) -> None:
+        """Tell the deciders (Slack); a notification problem is logged and never blocks the ticket."""
+        try:
+            await workflow.execute_activity(
+                "notify_decision_request",
+                request,
+                result_type=NotifyResult,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=2)),
+            )
+        except ActivityError as error:
+            workflow.logger.warning("notifying %s failed: %s", request.id, error)
 
     def _allowed(self, kind: DecisionKind) -> list[str]:
         return self.spec.approval.deciders + self.delegates.get(kind.value, [])
