@@ -15,6 +15,7 @@ from sqlalchemy import Engine
 from temporalio.client import Client, WorkflowHandle
 
 from daedalus.schemas.ticket import TicketInput, TicketSpec, TicketState, TicketStatus
+from daedalus.slack.settings import SlackSettings
 from daedalus.worker import WorkerConfig, build_workers
 from daedalus.workflows.ticket import TicketWorkflow
 
@@ -67,10 +68,19 @@ def ticket_spec(repo: Path, host: str, **overrides: Any) -> TicketSpec:
 
 @asynccontextmanager
 async def running_workers(
-    client: Client, engine: Engine | None, tmp_path: Path, control_queue: str, host: str
+    client: Client,
+    engine: Engine | None,
+    tmp_path: Path,
+    control_queue: str,
+    host: str,
+    slack: SlackSettings | None = None,
 ) -> AsyncIterator[None]:
     config = WorkerConfig(
-        control_queue=control_queue, hosts=[host], workspace_root=tmp_path / "ws", artifacts=tmp_path / "artifacts",
+        slack=slack,
+        control_queue=control_queue,
+        hosts=[host],
+        workspace_root=tmp_path / "ws",
+        artifacts=tmp_path / "artifacts",
         fail_workflows_on_bugs=True,
     )
     workers = build_workers(client, config, engine)
