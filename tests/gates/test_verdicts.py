@@ -111,3 +111,18 @@ def test_test_count_reads_pytest_summary(tmp_path) -> None:  # type: ignore[no-u
     measurement = GateMeasurement.model_validate_json(done.stdout.strip().splitlines()[-1])
     assert measurement.samples == [1.0] and measurement.evidence["failed"] == "1"
     assert measure("Segmentation fault", 139).invalid_reason is not None
+
+
+def test_needle_is_judged_by_its_binomial_interval() -> None:
+    needle = gate(name="needle", metric="needle", threshold=0.5)
+    three_of_three = decide(needle, GateMeasurement(samples=[1.0, 1.0, 1.0]))
+    # 3/3 at 90% only proves >= 0.46: not enough for a claim of >= 0.5.
+    assert three_of_three.verdict is Verdict.INCONCLUSIVE and "3/3" in three_of_three.method
+    assert decide(needle, GateMeasurement(samples=[1.0] * 12)).verdict is Verdict.PASS
+    assert decide(needle, GateMeasurement(samples=[0.0] * 12)).verdict is Verdict.FAIL
+
+
+def test_temp0_identity_at_one_is_exact() -> None:
+    identity = gate(name="identity", metric="temp0_identity", threshold=1.0)
+    assert decide(identity, GateMeasurement(samples=[1.0, 1.0, 1.0, 1.0])).verdict is Verdict.PASS
+    assert decide(identity, GateMeasurement(samples=[1.0, 1.0, 0.0, 1.0])).verdict is Verdict.FAIL

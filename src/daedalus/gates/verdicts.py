@@ -5,8 +5,12 @@ it, INCONCLUSIVE otherwise. A/B gate: the same rule on the paired candidate/base
 first: a measurement that broke is INVALID, never FAIL.
 """
 
-from daedalus.gates.statistics import paired_ratios, summarize
-from daedalus.schemas.gates import GateKind, GateMeasurement, GateResult, GateSpec, Verdict
+from daedalus.gates.statistics import Summary, clopper_pearson, paired_ratios, summarize
+from daedalus.schemas.gates import GateKind, GateMeasurement, GateResult, GateSpec, Metric, Verdict
+
+# Metrics measured as one pass (1) or miss (0) per trial. A proportion is judged by its exact binomial
+# interval, not by a bootstrap of the median: "3/3 needles" only proves >= 0.29 at 95%.
+PROPORTION_METRICS = frozenset({Metric.NEEDLE, Metric.TEMP0_IDENTITY})
 
 
 def invalid_reasons(gate: GateSpec, measurement: GateMeasurement) -> list[str]:
@@ -51,7 +55,7 @@ def decide(gate: GateSpec, measurement: GateMeasurement, *, host: str = "", comm
         if gate.kind is GateKind.AB
         else measurement.samples
     )
-    summary = summarize(values, gate.confidence)
+    summary = _proportion(values, gate) or summarize(values, gate.confidence)
     verdict = _judge(gate.comparator, gate.threshold, summary.ci_low, summary.ci_high)
     interval = f"[{summary.ci_low:.4g}, {summary.ci_high:.4g}]"
     reason = (
@@ -68,6 +72,24 @@ def decide(gate: GateSpec, measurement: GateMeasurement, *, host: str = "", comm
         cv=summary.cv,
         **common,
     )
+
+
+def _proportion(values: list[float], gate: GateSpec) -> Summary | None:
+    """k/n with its Clopper-Pearson interval, for pass/miss metrics; None for anything else.
+
+    A threshold of 1.0 ("every probe identical") is a deterministic claim: it passes on n/n and fails on any miss.
+    """
+    if (
+        gate.metric not in PROPORTION_METRICS
+        or gate.kind is GateKind.AB
+        or any(v not in (0.0, 1.0) for v in values)
+    ):
+        return None
+    k, n = int(sum(values)), len(values)
+    if gate.threshold >= 1.0:
+        return Summary(n, k / n, k / n, k / n, 0.0, f"exact {k}/{n}")
+    low, high = clopper_pearson(k, n, gate.confidence)
+    return Summary(n, k / n, low, high, 0.0, f"{k}/{n}, Clopper-Pearson {gate.confidence:.0%}")
 
 
 def _judge(comparator: str, threshold: float, low: float, high: float) -> Verdict:
