@@ -14,11 +14,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from daedalus.cli.training import app as train_app
 from daedalus.devserver import DevServer
 from tests.workflows.test_training import make_spec, trainers
 
 DAEDALUS = str(Path(sys.executable).parent / "daedalus")
+SEP = r"[\s│]+"  # between a key and its value in rich's table
 
 
 @pytest.fixture
@@ -85,16 +88,16 @@ def test_start_status_stop_history_from_the_command_line(
         assert again.returncode == 2
         assert f"training run {spec.name} is already running" in one_line(again.stderr)
 
-        out = status_until(train_env, spec.name, r"trainer pid\s+\d+")
-        assert re.search(r"state\s+running", out) and re.search(r"incarnation\s+1\b", out)
+        out = status_until(train_env, spec.name, rf"trainer pid{SEP}\d+")
+        assert re.search(rf"state{SEP}running", out) and re.search(rf"incarnation{SEP}1\b", out)
         (pid,) = [p.pid for p in trainers(spec)]
-        assert re.search(rf"trainer pid\s+{pid}\b", out)
-        assert re.search(r"memory available now\s+0\.\d\d GiB", out)  # the 400 MiB budget less the trainer
+        assert re.search(rf"trainer pid{SEP}{pid}\b", out)
+        assert re.search(rf"memory available now{SEP}0\.\d\d GiB", out)  # the 400 MiB budget less the trainer
 
         stopped = daedalus(train_env, "train", "stop", spec.name, "--by", "wayne", "--reason", "cli test")
         assert stopped.returncode == 0, stopped.stderr
         assert f"stopping {spec.name} (incarnation 1)" in stopped.stdout
-        status_until(train_env, spec.name, r"state\s+stopped")
+        status_until(train_env, spec.name, rf"state{SEP}stopped")
         assert not trainers(spec)
 
         history = daedalus(train_env, "train", "history", spec.name)
@@ -104,7 +107,8 @@ def test_start_status_stop_history_from_the_command_line(
         assert f"{spec.name}#2" not in history.stdout  # ended: no live incarnation row
 
         late = daedalus(train_env, "train", "stop", spec.name)
-        assert late.returncode == 2 and f"training run {spec.name}" in one_line(late.stderr)
+        assert late.returncode == 2
+        assert f"training run {spec.name} has already ended (workflow completed)" in one_line(late.stderr)
 
         # The worker wrote the run's audit trail to the store under DAEDALUS_HOME.
         audit = daedalus(train_env, "audit", "--ticket", spec.workflow_id)
@@ -118,8 +122,11 @@ def test_start_status_stop_history_from_the_command_line(
 
 
 def test_bad_run_files_exit_2_with_a_clear_message_and_start_nothing(
-    train_env: dict[str, str], tmp_path: Path
+    temporal_server: DevServer, tmp_path: Path
 ) -> None:
+    """In-process (typer's CliRunner) for speed: the same app, the same exit codes, the real dev server."""
+    runner = CliRunner()
+    env = {"DAEDALUS_TEMPORAL_ADDRESS": temporal_server.address, "DAEDALUS_HOME": str(tmp_path / "home")}
     spec = make_spec(tmp_path)
     good = spec.model_dump(mode="json", exclude_defaults=True)
     cases: list[tuple[str, str, str]] = [
@@ -148,16 +155,17 @@ def test_bad_run_files_exit_2_with_a_clear_message_and_start_nothing(
     for file_name, text, message in cases:
         path = tmp_path / file_name
         path.write_text(text)
-        result = daedalus(train_env, "train", "start", "-f", str(path))
-        assert result.returncode == 2, (file_name, result.stdout, result.stderr)
+        result = runner.invoke(train_app, ["start", "-f", str(path)], env=env)
+        assert result.exit_code == 2, (file_name, result.output)
         assert message in one_line(result.stderr), (file_name, result.stderr)
         assert file_name in one_line(result.stderr).replace(" ", "")  # the message names the file
-        assert "Traceback" not in result.stderr and "started" not in result.stdout
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+        assert result.stdout == ""
 
-    missing = daedalus(train_env, "train", "start", "-f", str(tmp_path / "nope.yaml"))
-    assert missing.returncode == 2 and "cannot read the run file" in one_line(missing.stderr)
+    missing = runner.invoke(train_app, ["start", "-f", str(tmp_path / "nope.yaml")], env=env)
+    assert missing.exit_code == 2 and "cannot read the run file" in one_line(missing.stderr)
 
     # Nothing started: Temporal has no workflow training-<name>.
-    unknown = daedalus(train_env, "train", "status", spec.name)
-    assert unknown.returncode == 2
+    unknown = runner.invoke(train_app, ["status", spec.name], env=env)
+    assert unknown.exit_code == 2, unknown.output
     assert f"no training run named {spec.name}" in one_line(unknown.stderr)

@@ -1,55 +1,90 @@
-"""`daedalus train ...`: start, watch, stop and list the deaths of training runs."""
+"""`daedalus train ...`: start, watch, stop and list the deaths of training runs.
+
+Errors are a message on stderr and exit code 2, as in every other `daedalus` command (cli/_common.py).
+"""
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Annotated, TypeVar
 
 import typer
 import yaml
 from pydantic import ValidationError
-from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
 
+from daedalus.cli._common import client, console, fail, run
 from daedalus.config import Settings
 from daedalus.schemas.training import StopTraining, TrainingRunInput, TrainingRunSpec, TrainingRunStatus
 from daedalus.workflows.training import TrainingRunWorkflow
 
+T = TypeVar("T")
+Handle = WorkflowHandle[TrainingRunWorkflow, TrainingRunStatus]
+
 app = typer.Typer(help="Training runs supervised by the watchdog.", no_args_is_help=True)
-console = Console()
-
-
-async def _client() -> Client:
-    return await Client.connect(Settings().address, data_converter=pydantic_data_converter)
-
-
-async def _handle(name: str) -> WorkflowHandle[TrainingRunWorkflow, TrainingRunStatus]:
-    client = await _client()
-    return client.get_workflow_handle_for(TrainingRunWorkflow.run, f"training-{name}")
 
 
 def load_spec(path: Path) -> TrainingRunSpec:
-    """Read and validate a run file; exits with the validation message on bad input."""
+    """Read and validate a run file; exits 2 with what is wrong, field by field, before anything starts."""
     try:
         data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        fail(escape(f"{path}: cannot read the run file: {exc.strerror or exc}"))
+    except yaml.YAMLError as exc:
+        fail(escape(f"{path}: not valid YAML: {exc}"))
+    if not isinstance(data, dict):
+        fail(
+            escape(
+                f"{path}: a run file is a mapping of fields (name, host, command, ...), got {type(data).__name__}"
+            )
+        )
+    try:
         return TrainingRunSpec.model_validate(data)
-    except (OSError, yaml.YAMLError, ValidationError) as exc:
-        console.print(f"[red]{path}: {exc}[/red]")
-        raise typer.Exit(2) from exc
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'run'}: {e['msg']}" for e in exc.errors())
+        fail(escape(f"{path}: invalid training run: {problems}"))
+
+
+def _on_run(name: str, call: Callable[[Handle], Awaitable[T]]) -> T:
+    """Call `call` on run `name`'s workflow; an unknown run or a refused update is a clear error."""
+
+    async def go() -> T:
+        handle = (await client()).get_workflow_handle_for(TrainingRunWorkflow.run, f"training-{name}")
+        try:
+            return await call(handle)
+        except WorkflowUpdateFailedError as exc:
+            fail(escape(f"training run {name}: {exc.cause or exc}"))
+        except RPCError as exc:
+            if exc.status is not RPCStatusCode.NOT_FOUND:
+                fail(escape(f"training run {name}: {exc.message}"))
+        # Not found: either there never was such a run, or it has ended (an update cannot reach it then).
+        try:
+            ended = await handle.describe()
+        except RPCError:
+            fail(escape(f"no training run named {name} (workflow training-{name} not found)"))
+        state = ended.status.name.lower() if ended.status else "closed"
+        fail(
+            escape(
+                f"training run {name} has already ended (workflow {state}); `daedalus train history {name}`"
+            )
+        )
+
+    return run(go())
 
 
 @app.command()
-def start(file: Path = typer.Option(..., "-f", "--file", help="run.yaml")) -> None:
+def start(file: Annotated[Path, typer.Option("-f", "--file", help="run.yaml")]) -> None:
     """Start a training run (workflow id training-<name>); refuses a second live run of the same name."""
     spec = load_spec(file)
 
     async def go() -> str:
-        client = await _client()
-        handle = await client.start_workflow(
+        handle = await (await client()).start_workflow(
             TrainingRunWorkflow.run,
             TrainingRunInput(spec=spec),
             id=spec.workflow_id,
@@ -60,10 +95,9 @@ def start(file: Path = typer.Option(..., "-f", "--file", help="run.yaml")) -> No
         return handle.id
 
     try:
-        workflow_id = asyncio.run(go())
-    except WorkflowAlreadyStartedError as exc:
-        console.print(f"[red]training run {spec.name} is already running; `daedalus train stop {spec.name}` first[/red]")
-        raise typer.Exit(1) from exc
+        workflow_id = run(go())
+    except WorkflowAlreadyStartedError:
+        fail(f"training run {spec.name} is already running; `daedalus train stop {spec.name}` first")
     console.print(f"started {workflow_id} on host {spec.host}")
 
 
@@ -88,29 +122,27 @@ def render_status(status: TrainingRunStatus) -> Table:
         ("host", status.host_report.summary() if status.host_report else "-"),
     ]
     for key, value in rows:
-        table.add_row(key, value)
+        table.add_row(key, escape(value))
     return table
 
 
 @app.command()
 def status(name: str) -> None:
     """State, memory now, slope, last checkpoint and deaths of a run."""
-
-    async def go() -> TrainingRunStatus:
-        return await (await _handle(name)).query(TrainingRunWorkflow.status)
-
-    console.print(render_status(asyncio.run(go())))
+    console.print(render_status(_on_run(name, lambda h: h.query(TrainingRunWorkflow.status))))
 
 
 @app.command()
-def stop(name: str, by: str = typer.Option("cli", "--by"), reason: str = "stopped by request") -> None:
+def stop(
+    name: str,
+    by: Annotated[str, typer.Option("--by", help="who stops it (recorded in the audit trail)")] = "cli",
+    reason: Annotated[str, typer.Option(help="why (recorded)")] = "stopped by request",
+) -> None:
     """Stop a run gracefully: checkpoint signal, then SIGTERM, then SIGKILL of its process group."""
-
-    async def go() -> TrainingRunStatus:
-        handle = await _handle(name)
-        return await handle.execute_update(TrainingRunWorkflow.stop, StopTraining(requested_by=by, reason=reason))
-
-    result = asyncio.run(go())
+    result = _on_run(
+        name,
+        lambda h: h.execute_update(TrainingRunWorkflow.stop, StopTraining(requested_by=by, reason=reason)),
+    )
     console.print(f"stopping {name} (incarnation {result.incarnation})")
 
 
@@ -124,8 +156,8 @@ def render_history(status: TrainingRunStatus) -> Table:
             death.id,
             death.death_class.value,
             f"{death.lifetime_s / 60:.1f} min",
-            death.summary,
-            f"{death.curve_path or '-'}\n{death.log_tail_path or '-'}",
+            escape(death.summary),
+            escape(f"{death.curve_path or '-'}\n{death.log_tail_path or '-'}"),
         )
     if status.state.value in ("running", "starting", "restarting"):
         table.add_row(f"{status.name}#{status.incarnation}", status.state.value, "-", "-", "-")
@@ -135,8 +167,4 @@ def render_history(status: TrainingRunStatus) -> Table:
 @app.command()
 def history(name: str) -> None:
     """Every incarnation of a run: outcome and cause."""
-
-    async def go() -> TrainingRunStatus:
-        return await (await _handle(name)).query(TrainingRunWorkflow.status)
-
-    console.print(render_history(asyncio.run(go())))
+    console.print(render_history(_on_run(name, lambda h: h.query(TrainingRunWorkflow.status))))
