@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
+import yaml
 from pydantic import BaseModel, ValidationError
+from rich.markdown import Markdown
 from rich.markup import escape
 from rich.table import Table
 
@@ -240,3 +243,51 @@ def parse_since(text: str) -> datetime:
     except ValueError:
         fail(f"--since {text!r} is neither an ISO time (2026-07-12T08:00) nor a duration (30m, 2h, 3d)")
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def report(
+    since: Annotated[str, typer.Option(help="ISO time, or a duration like 24h / 3d")] = "24h",
+    out: Annotated[Path | None, typer.Option("-o", "--out", help="write the markdown here")] = None,
+    narrate: Annotated[
+        bool, typer.Option(help="open with the lead agent's narrative (needs an API key)")
+    ] = False,
+) -> None:
+    """The progress report, rolled up from the store: status cards, gates, training runs, pending decisions."""
+    from daedalus.report import build_report
+
+    with session_scope(store()) as session:
+        built = build_report(session=session, since=parse_since(since))
+        if narrate:
+            from daedalus.agents.lead import LeadAgent
+
+            narrative = run(LeadAgent().narrative(built.facts()))
+            built.narrative, built.narrative_note = narrative.lines, narrative.note
+        text = built.markdown()
+    if out is None:
+        console.print(Markdown(text))
+    else:
+        out.write_text(text)
+        console.print(f"report written to {out}")
+
+
+def draft(
+    request: Annotated[str, typer.Argument(help="the request in your words")],
+    ticket_id: Annotated[str | None, typer.Option("--id", help="the ticket id to use")] = None,
+    host: Annotated[str | None, typer.Option(help="the host to use")] = None,
+    out: Annotated[Path | None, typer.Option("-o", "--out", help="write the draft YAML here")] = None,
+) -> None:
+    """The lead agent drafts a ticket spec from a short request; review it, then `ticket create -f`."""
+    from daedalus.agents.lead import LeadAgent
+    from daedalus.schemas.agents import SpecDraftRequest
+
+    drafted = run(LeadAgent().draft_spec(SpecDraftRequest(request=request, ticket_id=ticket_id, host=host)))
+    if drafted.spec_json is None:
+        fail("the lead agent produced no valid spec:\n  " + "\n  ".join(drafted.problems))
+    text = yaml.safe_dump(json.loads(drafted.spec_json), sort_keys=False)
+    if out is None:
+        console.print(text, highlight=False, markup=False)
+    else:
+        out.write_text(text)
+        console.print(
+            f"draft by {drafted.lead} written to {out}; review it, then: daedalus ticket create -f {out}"
+        )
