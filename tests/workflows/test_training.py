@@ -31,7 +31,6 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.worker import Replayer, Worker
 
-from daedalus.activities.audit import AuditActivities
 from daedalus.activities.training import TrainingActivities
 from daedalus.schemas.audit import AuditKind
 from daedalus.schemas.ticket import (
@@ -59,6 +58,7 @@ from daedalus.schemas.training import (
 )
 from daedalus.store.queries import audit_events
 from daedalus.store.tables import AuditEventRow, DecisionRow, TicketRow
+from daedalus.worker import WorkerConfig, control_worker
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
 from tests.support import status_is, wait_for
@@ -106,18 +106,17 @@ async def workers(
     engine: Engine,
     host_worker: bool = True,
 ) -> AsyncIterator[None]:
-    """The control queue (both workflows, the audit store) and, unless told otherwise, the run's host queue."""
+    """The control queue as production assembles it (both workflows, the audit store on `engine`) and, unless
+    told otherwise, the run's host queue."""
     acts = TrainingActivities(tmp / "artifacts")
-    audit = AuditActivities(engine)
-    # max_cached_workflows=0: every workflow task replays the whole history, as after a worker restart.
-    async with Worker(
-        client,
-        task_queue=task_queue,
-        workflows=WORKFLOWS,
-        activities=[audit.record_audit_event],
-        max_cached_workflows=0,
-        workflow_failure_exception_types=[Exception],  # a workflow bug fails the run at once
-    ):
+    config = WorkerConfig(
+        control_queue=task_queue,
+        hosts=[],
+        workspace_root=tmp / "ws",
+        artifacts=tmp / "artifacts",
+        fail_workflows_on_bugs=True,  # a workflow bug fails the run at once
+    )
+    async with control_worker(client, config, engine):
         if host_worker:
             async with Worker(
                 client,
