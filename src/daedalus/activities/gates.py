@@ -1,11 +1,13 @@
 """Run a gate's measuring command on the ticket's host and decide its verdict (MEASUREMENT.md)."""
 
 import json
+from pathlib import Path
 
 from pydantic import ValidationError
 from temporalio import activity
 
 from daedalus.activities.workspace import Workspace
+from daedalus.agents.worktree import GitError, prepare_worktree
 from daedalus.gates.verdicts import decide
 from daedalus.processes import log_tail, run_logged
 from daedalus.schemas.gates import GateMeasurement, GateResult, Verdict
@@ -24,9 +26,15 @@ class GateActivities:
         stem = f"gate-{gate.name}-round-{request.round}"
         stdout_path, log_path = artifacts / f"{stem}.json", artifacts / f"{stem}.log"
         log_path.unlink(missing_ok=True)
+        workdir = self.workspace.worktree(request.ticket_id, request.attempt)
+        if not workdir.exists():
+            try:
+                self._checkout_as_it_stands(request, workdir)
+            except (GitError, FileNotFoundError) as error:
+                return self._invalid(request, f"cannot check out what to measure: {error}", {})
         finished = await run_logged(
             gate.command,
-            cwd=self.workspace.worktree(request.ticket_id, request.attempt),
+            cwd=workdir,
             log_path=log_path,
             stdout_path=stdout_path,
             timeout_s=gate.timeout_s,
@@ -46,6 +54,19 @@ class GateActivities:
             return self._invalid(request, str(error), evidence)
         measurement = measurement.model_copy(update={"evidence": {**measurement.evidence, **evidence}})
         return decide(gate, measurement, host=request.host, commit=request.commit)
+
+    @staticmethod
+    def _checkout_as_it_stands(request: GateInput, workdir: Path) -> None:
+        """A ticket without an agent measures its engine at the base commit, or, with no engine, from an empty
+        directory (its gate commands name what they measure)."""
+        if request.engine is None:
+            workdir.mkdir(parents=True, exist_ok=True)
+            return
+        repo = Path(request.engine.repo).expanduser()
+        if not (repo / ".git").exists():
+            raise FileNotFoundError(f"engine repo {repo} is not a git checkout on host {request.host}")
+        branch = f"daedalus/{request.ticket_id}/as-it-stands"
+        prepare_worktree(repo=repo, base_commit=request.engine.base_commit, worktree=workdir, branch=branch)
 
     @staticmethod
     def _invalid(request: GateInput, reason: str, evidence: dict[str, str]) -> GateResult:

@@ -4,7 +4,7 @@ from pydantic import Field
 
 from daedalus.schemas._base import Model
 from daedalus.schemas.gates import GateSpec
-from daedalus.schemas.ticket import TicketSpec
+from daedalus.schemas.ticket import EngineRef, TicketSpec
 
 
 class AttemptInput(Model):
@@ -35,3 +35,6 @@ class GateInput(Model):
     gate: GateSpec
     host: str
     commit: str = ""
+    engine: EngineRef | None = Field(
+        default=None, description="for a ticket without an agent: the engine to measure at its base commit"
+    )

@@ -1,5 +1,7 @@
 """Apply audit records: the only way rows are written. Idempotent on (workflow id, sequence number)."""
 
+from datetime import datetime
+
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
@@ -41,30 +43,40 @@ def apply(*, session: Session, record: AuditRecord) -> bool:
 
 
 def _project_ticket(session: Session, record: AuditRecord) -> None:
+    """Move the ticket's projection forward; an event older than what the row shows changes nothing."""
     snapshot = record.ticket
     if snapshot is None:
         return
+    event = record.event
     row = session.get(TicketRow, snapshot.ticket_id)
     values = snapshot.model_dump(exclude={"spec"})
-    at = record.event.at
     if row is None:
-        row = TicketRow(**values, spec=snapshot.spec or {}, filed_at=at, updated_at=at)
+        row = TicketRow(
+            **values, spec=snapshot.spec or {}, filed_at=event.at, updated_at=event.at, last_seq=event.seq
+        )
         session.add(row)
-    elif row.run_id == snapshot.run_id and at >= row.updated_at:
-        for key, value in values.items():
-            setattr(row, key, value)
-        if snapshot.spec is not None:
-            row.spec = snapshot.spec
-        row.updated_at = at
-    elif row.run_id != snapshot.run_id and at >= row.updated_at:
-        # A ticket id filed again after its first workflow closed: the projection follows the new filing.
-        for key, value in values.items():
-            setattr(row, key, value)
-        row.spec = snapshot.spec or row.spec
-        row.filed_at = row.updated_at = at
-        row.closed_at = None
+    elif row.run_id == snapshot.run_id:
+        if event.seq < row.last_seq:
+            return
+        _update(row, values, snapshot.spec, event.at, event.seq)
+    else:
+        if event.at < row.updated_at:
+            return  # a late event of an earlier filing of this ticket id
+        # The ticket id was filed again after its earlier workflow closed: the projection follows the new filing.
+        row.filed_at, row.closed_at = event.at, None
+        _update(row, values, snapshot.spec, event.at, event.seq)
     if TicketStatus(snapshot.status).is_closed and row.closed_at is None:
-        row.closed_at = at
+        row.closed_at = event.at
+
+
+def _update(
+    row: TicketRow, values: dict[str, object], spec: dict[str, object] | None, at: datetime, seq: int
+) -> None:
+    for key, value in values.items():
+        setattr(row, key, value)
+    if spec is not None:
+        row.spec = spec
+    row.updated_at, row.last_seq = at, seq
 
 
 def _record_decision(session: Session, record: AuditRecord) -> None:

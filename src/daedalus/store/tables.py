@@ -26,6 +26,7 @@ class TicketRow(SQLModel, table=True):
     outcome_reason: str = ""
     filed_at: datetime
     updated_at: datetime
+    last_seq: int = Field(default=0, description="sequence number of the audit event the row reflects")
     closed_at: datetime | None = None
     spec: dict[str, object] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
 

@@ -8,6 +8,7 @@ channel; its validator rejects a bad decision before anything is written.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -271,6 +272,7 @@ class TicketWorkflow:
             TicketStatus.RUNNING_CHILDREN, f"running {len(self.spec.children)} sub-tickets"
         )
         for child in self.spec.with_parent():
+            self._raise_if_cancelled()
             self.children[child.id] = TicketStatus.DRAFT
             await self._record(AuditKind.CHILD, f"sub-ticket {child.id} started: {child.title}")
             result: TicketState = await self._step(
@@ -444,6 +446,7 @@ class TicketWorkflow:
                     gate=gate,
                     host=self.spec.host,
                     commit=commit,
+                    engine=self.spec.engine if self.spec.agent is None else None,
                 ),
                 GateResult,
                 timedelta(seconds=gate.timeout_s + 60),
@@ -647,19 +650,29 @@ class TicketWorkflow:
             return StepFailed(message=str(cause.message if isinstance(cause, FailureError) else error))
 
     async def _step(self, awaitable: Awaitable[T]) -> T:
-        """Run one step so that `cancel` can interrupt it (and the activity's process group with it)."""
-        if self.cancel_request is not None:
-            raise TicketCancelled()
+        """Run one step so that `cancel` can interrupt it (and the activity's process group with it).
+
+        Once a cancel is requested, whatever the interrupted step raises (CancelledError, or the ActivityError
+        or ChildWorkflowError that wraps it) means "cancelled", never "the step failed".
+        """
+        self._raise_if_cancelled(awaitable)
         task = asyncio.ensure_future(awaitable)
         self.current_step = task
         try:
             return await task
-        except asyncio.CancelledError:
+        except BaseException:
             if self.cancel_request is not None:
                 raise TicketCancelled() from None
             raise
         finally:
             self.current_step = None
+
+    def _raise_if_cancelled(self, pending: object = None) -> None:
+        if self.cancel_request is None:
+            return
+        if inspect.iscoroutine(pending):
+            pending.close()  # never started: close it rather than leave it unawaited
+        raise TicketCancelled()
 
     async def _transition(self, status: TicketStatus, summary: str, **extra: Any) -> None:
         self.status = status

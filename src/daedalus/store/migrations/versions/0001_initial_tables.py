@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-29 10:28:10.670449
+Create Date: 2026-11-29 10:52:55.233777
 """
 
 import sqlalchemy as sa
@@ -74,6 +74,7 @@ def upgrade() -> None:
         sa.Column("outcome_reason", sqltypes.AutoString(), nullable=False),
         sa.Column("filed_at", sqltypes.UTCDateTime(), nullable=False),
         sa.Column("updated_at", sqltypes.UTCDateTime(), nullable=False),
+        sa.Column("last_seq", sa.Integer(), nullable=False),
         sa.Column("closed_at", sqltypes.UTCDateTime(), nullable=True),
         sa.Column("spec", sa.JSON(), nullable=False),
         sa.PrimaryKeyConstraint("ticket_id"),
