@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 import pytest
@@ -152,9 +153,17 @@ def trainers(spec: TrainingRunSpec) -> list[psutil.Process]:
     return found
 
 
+T = TypeVar("T")
+
+
+async def within(call: Awaitable[T], timeout_s: float = 60) -> T:
+    """Await an update or a result with a deadline: a stuck worker fails the test in a minute, not at 300 s."""
+    return await asyncio.wait_for(call, timeout_s)
+
+
 async def expect_rejected(call: Awaitable[object], fragment: str) -> None:
     with pytest.raises(WorkflowUpdateFailedError) as caught:
-        await call
+        await within(call)
     assert fragment in str(caught.value.cause)
 
 
@@ -249,15 +258,19 @@ async def test_third_death_escalates_once_and_opens_one_hunting_ticket(
             "may not decide",
         )
         assert (await handle.query(TrainingRunWorkflow.status)).pending_decision == request  # nothing written
-        await handle.execute_update(
-            TrainingRunWorkflow.decide, Decision(request_id=request.id, option="stop", decided_by="wayne")
+        await within(
+            handle.execute_update(
+                TrainingRunWorkflow.decide, Decision(request_id=request.id, option="stop", decided_by="wayne")
+            )
         )
-        final = await handle.result()
+        final = await within(handle.result())
         # The hunt outlives the run (ABANDON); cancel it so the test leaves nothing open.
-        await ticket_handle.execute_update(
-            TicketWorkflow.cancel, CancelRequest(requested_by="wayne", reason="test over")
+        await within(
+            ticket_handle.execute_update(
+                TicketWorkflow.cancel, CancelRequest(requested_by="wayne", reason="test over")
+            )
         )
-        assert (await ticket_handle.result()).status is TicketStatus.CANCELLED
+        assert (await within(ticket_handle.result())).status is TicketStatus.CANCELLED
     assert final.state is RunState.STOPPED and final.hunting_tickets == [ticket_id]
     assert not trainers(spec)
 
@@ -342,8 +355,8 @@ async def test_worker_killed_mid_run_reattaches_without_a_second_trainer(
             assert [p.pid for p in trainers(spec)] == [pid]
             state_dir = tmp_path / "state" / spec.name
             assert [p.name for p in state_dir.iterdir()] == ["incarnation-0001"]
-            await handle.execute_update(TrainingRunWorkflow.stop, StopTraining(requested_by="wayne"))
-            final = await handle.result()
+            await within(handle.execute_update(TrainingRunWorkflow.stop, StopTraining(requested_by="wayne")))
+            final = await within(handle.result())
         assert final.state is RunState.STOPPED
         assert [d.death_class for d in final.deaths] == [DeathClass.REQUESTED_STOP]
         assert final.deaths[0].oom_score_adj == 800
@@ -374,7 +387,7 @@ async def test_command_that_does_not_exist_fails_the_run_clearly(
             TrainingRunWorkflow.run, TrainingRunInput(spec=spec), id=spec.workflow_id, task_queue=task_queue
         )
         with pytest.raises(WorkflowFailureError) as caught:
-            await handle.result()
+            await within(handle.result())
     assert "not on PATH" in str(caught.value.cause)
     assert not (tmp_path / "state" / spec.name / "incarnation-0001" / "launch.intent").exists()
     trail = audit_trail(sqlite_engine, spec)
