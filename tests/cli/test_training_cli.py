@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from daedalus.cli.training import app as train_app
 from daedalus.devserver import DevServer
+from daedalus.schemas.training import RestartPolicy
 from tests.workflows.test_training import make_spec, trainers
 
 DAEDALUS = str(Path(sys.executable).parent / "daedalus")
@@ -116,6 +117,40 @@ def test_start_status_stop_history_from_the_command_line(
         kinds = [line.split("│")[4].strip() for line in audit.stdout.splitlines() if spec.workflow_id in line]
         assert kinds == ["training", "death", "closed"]
         assert "stopped by wayne: cli test" in one_line(audit.stdout)
+    finally:
+        for proc in trainers(spec):
+            proc.kill()
+
+
+def test_escalation_is_answered_with_train_decide(
+    train_env: dict[str, str], train_worker: str, tmp_path: Path
+) -> None:
+    escalate_at_once = RestartPolicy(restart_delay_s=0.2, escalate_after_deaths=1)
+    spec = make_spec(
+        tmp_path, "--mib-per-step", "8", "--step-s", "0.05", host=train_worker, restart=escalate_at_once
+    )
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_defaults=True)))
+    try:
+        assert daedalus(train_env, "train", "start", "-f", str(run_file)).returncode == 0
+        out = status_until(train_env, spec.name, rf"state{SEP}awaiting_decision")
+        assert f"hunt-{spec.name}-1" in out
+
+        wrong = daedalus(train_env, "train", "decide", spec.name, "maybe", "--as", "wayne")
+        assert wrong.returncode == 2 and "unknown option 'maybe'" in one_line(wrong.stderr)
+        stranger = daedalus(train_env, "train", "decide", spec.name, "stop", "--as", "codex")
+        assert stranger.returncode == 2 and "codex may not decide escalation" in one_line(stranger.stderr)
+
+        decided = daedalus(train_env, "train", "decide", spec.name, "stop", "--as", "wayne", "--note", "leak")
+        assert decided.returncode == 0, decided.stderr
+        assert f"wayne chose 'stop' for training run {spec.name}" in decided.stdout
+        status_until(train_env, spec.name, rf"state{SEP}stopped")
+        history = daedalus(train_env, "train", "history", spec.name).stdout
+        (row,) = [line for line in history.splitlines() if f"{spec.name}#1" in line]
+        assert "watchdog_stop" in row
+        late = daedalus(train_env, "train", "decide", spec.name, "restart", "--as", "wayne")
+        assert late.returncode == 2
+        assert f"training run {spec.name} is not waiting for a decision" in one_line(late.stderr)
     finally:
         for proc in trainers(spec):
             proc.kill()

@@ -21,6 +21,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from daedalus.cli._common import client, console, fail, run
 from daedalus.config import Settings
+from daedalus.schemas.ticket import Decision
 from daedalus.schemas.training import StopTraining, TrainingRunInput, TrainingRunSpec, TrainingRunStatus
 from daedalus.workflows.training import TrainingRunWorkflow
 
@@ -144,6 +145,31 @@ def stop(
         lambda h: h.execute_update(TrainingRunWorkflow.stop, StopTraining(requested_by=by, reason=reason)),
     )
     console.print(f"stopping {name} (incarnation {result.incarnation})")
+
+
+@app.command()
+def decide(
+    name: str,
+    option: Annotated[str, typer.Argument(help="restart | stop")],
+    who: Annotated[str, typer.Option("--as", help="who decides (must be a decider of the run)")],
+    note: Annotated[str, typer.Option(help="reason, kept in the audit trail")] = "",
+) -> None:
+    """Answer a run's pending escalation (after its third death): restart from the checkpoint, or stop."""
+
+    async def answer(handle: Handle) -> TrainingRunStatus:
+        request = (await handle.query(TrainingRunWorkflow.status)).pending_decision
+        if request is None:
+            fail(f"training run {name} is not waiting for a decision")
+        try:
+            decision = Decision(
+                request_id=request.id, option=option, decided_by=who, note=note, channel="cli"
+            )
+        except ValidationError as exc:
+            fail(escape("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())))
+        return await handle.execute_update(TrainingRunWorkflow.decide, decision)
+
+    result = _on_run(name, answer)
+    console.print(f"{who} chose {option!r} for training run {name}; it is {result.state.value}")
 
 
 def render_history(status: TrainingRunStatus) -> Table:
