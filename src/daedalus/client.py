@@ -27,7 +27,9 @@ from daedalus.schemas.ticket import (
     TicketSpec,
     TicketState,
 )
+from daedalus.schemas.training import TRAINING_PREFIX, TrainingRunStatus
 from daedalus.workflows.ticket import TicketWorkflow
+from daedalus.workflows.training import TrainingRunWorkflow
 
 
 class TicketError(Exception):
@@ -65,9 +67,22 @@ def parse_spec(data: Any, source: str = "spec") -> TicketSpec:
             f"{source} must be a mapping of ticket fields (id, title, host, ...), not {type(data).__name__}"
         )
     try:
-        return TicketSpec.model_validate(data)
+        spec = TicketSpec.model_validate(data)
     except ValidationError as error:
         raise TicketError(explain(error, source)) from error
+    require_workable(spec, source)
+    return spec
+
+
+def require_workable(spec: TicketSpec, source: str = "spec") -> None:
+    """Rules checked when a ticket is filed (not in the schema, so that stored histories still load)."""
+    for ticket in (spec, *spec.children):
+        if ticket.agent is not None and ticket.engine is None:
+            raise TicketError(
+                f"{source}: ticket {ticket.id} names agent {ticket.agent.name.value} but no engine: the agent "
+                f"needs a repository to work in; add `engine: {{name: ..., kind: repo, repo: <path or URL>, "
+                f"base_commit: ...}}`"
+            )
 
 
 def load_spec(path: Path) -> TicketSpec:
@@ -87,6 +102,7 @@ async def file_ticket(
     client: Client, spec: TicketSpec, *, queue: str, filed_by: str = "cli"
 ) -> WorkflowHandle[Any, Any]:
     """Start `ticket-<id>`; refuses while a ticket with that id is live, allows re-filing a closed one."""
+    require_workable(spec)
     try:
         return await client.start_workflow(
             TicketWorkflow.run,
@@ -103,8 +119,12 @@ async def file_ticket(
         ) from error
 
 
-def ticket_of_request(request_id: str) -> str:
-    """Decision request ids are `<ticket>-<kind>-<n>` (e.g. `4-dispatch-1`)."""
+def subject_of_request(request_id: str) -> tuple[str, str]:
+    """(workflow id, what to call it) for a decision request id.
+
+    Request ids are `<subject>-<kind>-<n>`: `4-dispatch-1` belongs to ticket 4 (workflow `ticket-4`),
+    `training-drafter-escalation-1` to the training run `drafter` (workflow `training-drafter`).
+    """
     parts = request_id.rsplit("-", 2)
     kinds = {k.value for k in DecisionKind}
     if len(parts) != 3 or parts[1] not in kinds or not parts[2].isdigit():
@@ -112,44 +132,53 @@ def ticket_of_request(request_id: str) -> str:
             f"{request_id!r} is not a decision request id; they look like <ticket>-<kind>-<n> with kind in "
             f"{sorted(kinds)}, e.g. 4-dispatch-1 (see `daedalus ticket show ID`)"
         )
-    return parts[0]
+    subject = parts[0]
+    if subject.startswith(TRAINING_PREFIX):
+        return subject, f"training run {subject.removeprefix(TRAINING_PREFIX)}"
+    return workflow_id(subject), f"ticket {subject}"
 
 
-async def _update(client: Client, ticket_id: str, update: Any, argument: BaseModel) -> Any:
-    handle = client.get_workflow_handle(workflow_id(ticket_id))
+async def _update(client: Client, target: tuple[str, str], update: Any, argument: BaseModel) -> Any:
+    workflow, label = target
+    handle = client.get_workflow_handle(workflow)
     try:
         return await handle.execute_update(update, argument)
     except WorkflowUpdateFailedError as error:
         cause = error.cause
         message = cause.message if isinstance(cause, ApplicationError) else str(cause or error)
-        raise TicketError(f"ticket {ticket_id} refused: {message}") from error
+        raise TicketError(f"{label} refused: {message}") from error
     except RPCError as error:
         if error.status is RPCStatusCode.NOT_FOUND:
-            raise TicketError(
-                f"ticket {ticket_id} is not live (no running workflow {workflow_id(ticket_id)})"
-            ) from error
-        raise TicketError(f"ticket {ticket_id}: {error.message}") from error
+            raise TicketError(f"{label} is not live (no running workflow {workflow})") from error
+        raise TicketError(f"{label}: {error.message}") from error
 
 
-async def decide(client: Client, decision: Decision) -> TicketState:
-    result: TicketState = await _update(
-        client, ticket_of_request(decision.request_id), TicketWorkflow.decide, decision
-    )
-    return result
+def _ticket(ticket_id: str) -> tuple[str, str]:
+    return workflow_id(ticket_id), f"ticket {ticket_id}"
+
+
+async def decide(client: Client, decision: Decision) -> TicketState | TrainingRunStatus:
+    """Answer a ticket's or a training run's pending decision, through the workflow's `decide` update."""
+    target = subject_of_request(decision.request_id)
+    if target[0].startswith(TRAINING_PREFIX):
+        run_status: TrainingRunStatus = await _update(client, target, TrainingRunWorkflow.decide, decision)
+        return run_status
+    state: TicketState = await _update(client, target, TicketWorkflow.decide, decision)
+    return state
 
 
 async def delegate(client: Client, ticket_id: str, delegation: Delegation) -> list[str]:
-    result: list[str] = await _update(client, ticket_id, TicketWorkflow.delegate, delegation)
+    result: list[str] = await _update(client, _ticket(ticket_id), TicketWorkflow.delegate, delegation)
     return result
 
 
 async def amend(client: Client, ticket_id: str, amendment: SpecAmendment) -> TicketState:
-    result: TicketState = await _update(client, ticket_id, TicketWorkflow.amend, amendment)
+    result: TicketState = await _update(client, _ticket(ticket_id), TicketWorkflow.amend, amendment)
     return result
 
 
 async def cancel(client: Client, ticket_id: str, request: CancelRequest) -> TicketState:
-    result: TicketState = await _update(client, ticket_id, TicketWorkflow.cancel, request)
+    result: TicketState = await _update(client, _ticket(ticket_id), TicketWorkflow.cancel, request)
     return result
 
 

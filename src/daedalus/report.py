@@ -13,10 +13,9 @@ from datetime import datetime
 
 from sqlmodel import Session, col, select
 
+from daedalus.schemas.training import TRAINING_PREFIX
 from daedalus.store import queries
 from daedalus.store.tables import AuditEventRow, DecisionRow, TicketRow, VerdictRow
-
-TRAINING_PREFIX = "training-"
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,7 @@ def make_spec(tmp: Path, *trainer_args: str, **overrides: object) -> TrainingRun
         "restart": RestartPolicy(restart_delay_s=0.2),
         "state_dir": tmp / "state",
         "artifact_dir": tmp / "artifacts",
+        "hunt": HuntPolicy(engine=EngineRef(name="trainer", kind=EngineKind.REPO, repo=str(ROOT))),
         **overrides,
     }
     return TrainingRunSpec.model_validate(fields)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import typer
 
 from daedalus.cli import api, demo, engines, stack, tickets, training
@@ -29,4 +32,13 @@ app.add_typer(api.app, name="api")
 
 def main() -> None:
     configure_logging()
-    app()
+    try:
+        app()
+        code = 0
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    # Skip interpreter teardown: the Temporal client's Rust threads can abort a finalizing interpreter
+    # ("PyGILState_Release ... finalizing", temporalio/sdk-python#300), turning a finished command into exit -6.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -181,11 +181,11 @@ def decide(
         Decision, request_id=request_id, option=option, decided_by=who, note=note, channel="cli"
     )
 
-    async def go() -> TicketState:
+    async def go() -> object:
         return await tickets.decide(await client(), decision)
 
-    state = run(go())
-    console.print(f"{who} chose {option!r} for {request_id}; ticket {state.spec.id} continues")
+    run(go())
+    console.print(f"{who} chose {option!r} for {request_id}")
 
 
 def delegate(

@@ -22,7 +22,13 @@ from temporalio.service import RPCError, RPCStatusCode
 from daedalus.cli._common import client, console, fail, run
 from daedalus.config import Settings
 from daedalus.schemas.ticket import Decision
-from daedalus.schemas.training import StopTraining, TrainingRunInput, TrainingRunSpec, TrainingRunStatus
+from daedalus.schemas.training import (
+    StopTraining,
+    TrainingRunInput,
+    TrainingRunSpec,
+    TrainingRunStatus,
+    training_workflow_id,
+)
 from daedalus.workflows.training import TrainingRunWorkflow
 
 T = TypeVar("T")
@@ -46,17 +52,27 @@ def load_spec(path: Path) -> TrainingRunSpec:
             )
         )
     try:
-        return TrainingRunSpec.model_validate(data)
+        spec = TrainingRunSpec.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'run'}: {e['msg']}" for e in exc.errors())
         fail(escape(f"{path}: invalid training run: {problems}"))
+    if spec.restart.escalate_after_deaths and spec.hunt.engine is None:
+        # Checked at filing, not in the schema, so that runs filed before the rule still load from history.
+        fail(
+            escape(
+                f"{path}: hunt.engine is missing: the hunting ticket opened after "
+                f"{spec.restart.escalate_after_deaths} deaths needs the repository its agent works in, e.g. "
+                "hunt: {agent: codex, engine: {name: trainer, kind: repo, repo: <path or URL>, base_commit: main}}"
+            )
+        )
+    return spec
 
 
 def _on_run(name: str, call: Callable[[Handle], Awaitable[T]]) -> T:
     """Call `call` on run `name`'s workflow; an unknown run or a refused update is a clear error."""
 
     async def go() -> T:
-        handle = (await client()).get_workflow_handle_for(TrainingRunWorkflow.run, f"training-{name}")
+        handle = (await client()).get_workflow_handle_for(TrainingRunWorkflow.run, training_workflow_id(name))
         try:
             return await call(handle)
         except WorkflowUpdateFailedError as exc:
@@ -68,7 +84,7 @@ def _on_run(name: str, call: Callable[[Handle], Awaitable[T]]) -> T:
         try:
             ended = await handle.describe()
         except RPCError:
-            fail(escape(f"no training run named {name} (workflow training-{name} not found)"))
+            fail(escape(f"no training run named {name} (workflow {training_workflow_id(name)} not found)"))
         state = ended.status.name.lower() if ended.status else "closed"
         fail(
             escape(

@@ -31,6 +31,8 @@ class TicketKind(StrEnum):
 class EngineKind(StrEnum):
     VLLM = "vllm"
     LLAMA_CPP = "llama_cpp"
+    REPO = "repo"
+    """A plain git repository (a trainer, a tool) that is not an inference engine."""
 
 
 class EngineRef(Model):

@@ -20,6 +20,14 @@ CHECKPOINT_MARKER = "COMPLETE"
 """A checkpoint directory counts only once it holds this file, which the trainer writes last."""
 
 
+TRAINING_PREFIX = "training-"
+
+
+def training_workflow_id(name: str) -> str:
+    """A run's workflow id, which is also its audit subject and the prefix of its decision requests."""
+    return f"{TRAINING_PREFIX}{name}"
+
+
 class MemorySource(StrEnum):
     """Which reading the watchdog compares with the threshold."""
 
@@ -143,7 +151,7 @@ class TrainingRunSpec(Model):
 
     @property
     def workflow_id(self) -> str:
-        return f"training-{self.name}"
+        return training_workflow_id(self.name)
 
 
 class DeathClass(StrEnum):
