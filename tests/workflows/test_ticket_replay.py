@@ -1,0 +1,165 @@
+"""TicketWorkflow replays its stored histories: a change that breaks determinism for live tickets fails here.
+
+The `record_*` tests run representative tickets on the real dev server and replay their fresh histories; with
+DAEDALUS_RECORD_HISTORIES=1 they also (re)write tests/histories/ticket-<case>.json. Re-record only when a
+workflow change is meant to be incompatible (and then patch the workflow for the tickets still live):
+
+    DAEDALUS_RECORD_HISTORIES=1 .venv/bin/pytest tests/workflows/test_ticket_replay.py -k record
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+from temporalio import workflow
+from temporalio.client import Client, WorkflowHandle, WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from daedalus import client as daedalus
+from daedalus.schemas.ticket import (
+    CancelRequest,
+    Decision,
+    DecisionKind,
+    Delegation,
+    SpecAmendment,
+    TicketInput,
+    TicketSpec,
+    TicketState,
+    TicketStatus,
+)
+from daedalus.workflows.ticket import TicketWorkflow
+from tests.support import make_engine_repo, running_workers, ticket_spec
+from tests.ticket_helpers import HISTORIES, SLOW_PATCH, host_of, pending
+
+STORED = sorted(HISTORIES.glob("ticket-*.json"))
+CASES = {"passed", "escalated-stopped", "umbrella", "cancelled"}
+
+
+def replayer() -> Replayer:
+    return Replayer(workflows=[TicketWorkflow], data_converter=pydantic_data_converter)
+
+
+async def replay_and_keep(handle: WorkflowHandle[Any, TicketState], case: str) -> None:
+    history = await handle.fetch_history()
+    await replayer().replay_workflow(history)
+    if os.environ.get("DAEDALUS_RECORD_HISTORIES"):
+        (HISTORIES / f"ticket-{case}.json").write_text(history.to_json())
+
+
+def test_every_case_has_a_stored_history() -> None:
+    assert {p.stem.removeprefix("ticket-") for p in STORED} >= CASES
+
+
+@pytest.mark.parametrize("path", STORED, ids=[p.stem for p in STORED])
+async def test_stored_history_replays(path: Path) -> None:
+    history = WorkflowHistory.from_json(f"replay-{path.stem}", path.read_text())
+    result = await replayer().replay_workflow(history)
+    assert result.replay_failure is None
+
+
+@workflow.defn(name="TicketWorkflow", sandboxed=False)
+class ReorderedTicket:
+    """A 'change' to TicketWorkflow that waits before its first audit event: not compatible with live tickets."""
+
+    @workflow.run
+    async def run(self, ticket: TicketInput) -> None:
+        await workflow.sleep(1)
+
+
+async def test_replay_rejects_an_incompatible_change() -> None:
+    """The check above can fail: the same histories against a reordered workflow are nondeterministic."""
+    [path, *_] = STORED
+    history = WorkflowHistory.from_json("replay-changed", path.read_text())
+    changed = Replayer(workflows=[ReorderedTicket], data_converter=pydantic_data_converter)
+    with pytest.raises(workflow.NondeterminismError):
+        await changed.replay_workflow(history)
+
+
+async def test_record_passed_after_delegated_approval(
+    temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
+) -> None:
+    host = host_of(task_queue)
+    spec = ticket_spec(
+        make_engine_repo(tmp_path / "repo"),
+        host,
+        approval={"dispatch_requires_approval": True, "deciders": ["wayne"], "reminder_interval_s": 1},
+    )
+    async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
+        handle = await daedalus.file_ticket(temporal_client, spec, queue=task_queue)
+        _, request = await pending(handle)
+        await daedalus.delegate(
+            temporal_client,
+            spec.id,
+            Delegation(granted_by="wayne", delegate="lead", kind=DecisionKind.DISPATCH),
+        )
+        await daedalus.decide(
+            temporal_client, Decision(request_id=request.id, option="approve", decided_by="lead")
+        )
+        assert (await handle.result()).status is TicketStatus.PASSED
+    await replay_and_keep(handle, "passed")
+
+
+async def test_record_escalated_amended_then_stopped(
+    temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
+) -> None:
+    host = host_of(task_queue)
+    spec = ticket_spec(
+        make_engine_repo(tmp_path / "repo"),
+        host,
+        agent={"name": "scripted", "patch": SLOW_PATCH},
+        max_attempts=3,
+    )
+    async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
+        handle = await daedalus.file_ticket(temporal_client, spec, queue=task_queue)
+        _, request = await pending(handle)
+        await daedalus.amend(
+            temporal_client, spec.id, SpecAmendment(amended_by="wayne", spec="try the fused kernel")
+        )
+        await daedalus.decide(
+            temporal_client, Decision(request_id=request.id, option="stop", decided_by="wayne")
+        )
+        assert (await handle.result()).status is TicketStatus.STOPPED_BY_RULES
+    await replay_and_keep(handle, "escalated-stopped")
+
+
+async def test_record_umbrella_with_a_child(
+    temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
+) -> None:
+    host = host_of(task_queue)
+    kid = ticket_spec(make_engine_repo(tmp_path / "repo"), host, id=f"k{uuid.uuid4().hex[:7]}")
+    parent = TicketSpec.model_validate(
+        {
+            "id": f"u{uuid.uuid4().hex[:8]}",
+            "title": "umbrella",
+            "kind": "umbrella",
+            "host": host,
+            "children": [kid.model_dump(mode="json")],
+        }
+    )
+    async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
+        handle = await daedalus.file_ticket(temporal_client, parent, queue=task_queue)
+        assert (await handle.result()).status is TicketStatus.PASSED
+    await replay_and_keep(handle, "umbrella")
+
+
+async def test_record_cancelled_while_awaiting_approval(
+    temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
+) -> None:
+    host = host_of(task_queue)
+    spec = ticket_spec(
+        make_engine_repo(tmp_path / "repo"), host, approval={"dispatch_requires_approval": True}
+    )
+    async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
+        handle = await daedalus.file_ticket(temporal_client, spec, queue=task_queue)
+        await pending(handle)
+        await daedalus.cancel(
+            temporal_client, spec.id, CancelRequest(requested_by="wayne", reason="duplicate of 5")
+        )
+        assert (await handle.result()).status is TicketStatus.CANCELLED
+    await replay_and_keep(handle, "cancelled")
