@@ -6,7 +6,9 @@
     against a bare workflow running the same number of trivial activities on the same queues: same server, same
     worker process, batches interleaved. The ratio is what TicketWorkflow's own logic costs (goal <= 1.3x).
 (b) 1,000 tickets parked awaiting dispatch approval: the worker process's RSS, then `decide` updates spread over them
-    (through `daedalus.client.decide`, one at a time) and its round trip p50/p99 (goal p99 <= 100 ms).
+    (through `daedalus.client.decide`, one at a time, each approved ticket run to its end before the next decision
+    so that the round trip is not measured against the backlog of earlier approvals) and its round trip p50/p99
+    (goal p99 <= 100 ms).
 
 The worker runs in a child process (so its RSS is its own), with the fakes. Results: bench/results/lifecycle.json.
 Run: .venv/bin/python bench/lifecycle.py [--tickets 120] [--rounds 6] [--parked 1000] [--decides 250] [--in-memory]
@@ -25,17 +27,18 @@ import sys
 import tempfile
 import time
 import uuid
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import psutil
 from rich.console import Console
 from rich.table import Table
-from temporalio import activity, workflow
+from temporalio import activity
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
+
+from bare_workflow import BareWorkflow  # bench/ is on sys.path when the script runs
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -104,19 +107,6 @@ async def fake_notify(request: DecisionRequest) -> NotifyResult:
 @activity.defn(name="noop")
 async def noop(n: int) -> int:
     return n
-
-
-@workflow.defn(name="BareWorkflow", sandboxed=False)
-class BareWorkflow:
-    """The baseline: the same number of trivial activities, on the same queues, in the same order."""
-
-    @workflow.run
-    async def run(self, queues: list[str]) -> int:
-        for n, queue in enumerate(queues):
-            await workflow.execute_activity(
-                "noop", n, result_type=int, task_queue=queue, start_to_close_timeout=timedelta(seconds=30)
-            )
-        return len(queues)
 
 
 async def run_worker(address: str) -> None:
@@ -226,6 +216,11 @@ async def overhead(client: Client, tickets: int, rounds: int) -> dict[str, Any]:
     }
 
 
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
 async def parked(client: Client, count: int, decides: int, worker: psutil.Process) -> dict[str, Any]:
     rss_before = worker.memory_info().rss
     specs = [spec(approval=True) for _ in range(count)]
@@ -245,13 +240,25 @@ async def parked(client: Client, count: int, decides: int, worker: psutil.Proces
     progress(f"all {count} parked after {parked_s:.1f}s")
     await asyncio.sleep(2)  # let the worker settle
     rss_parked = worker.memory_info().rss
+    chosen = specs[:: max(1, count // decides)]
+    half = len(chosen) // 2
     rtts: list[float] = []
-    for s in specs[:: max(1, count // decides)]:
+    for s in chosen[:half]:
         decision = Decision(request_id=f"{s.id}-dispatch-1", option="approve", decided_by="wayne")
         t0 = time.perf_counter()
         await daedalus.decide(client, decision)
         rtts.append((time.perf_counter() - t0) * 1000)
-    progress(f"{len(rtts)} decide updates done")
+        # The approved ticket now runs its 10 steps; let it finish (untimed) so the next round trip is measured
+        # against the parked tickets, not against the backlog the previous decisions set going.
+        await client.get_workflow_handle(daedalus.workflow_id(s.id)).result()
+    # Then back to back: each approval starts a ticket that competes with the next decision for the 2 cores.
+    busy: list[float] = []
+    for s in chosen[half:]:
+        decision = Decision(request_id=f"{s.id}-dispatch-1", option="approve", decided_by="wayne")
+        t0 = time.perf_counter()
+        await daedalus.decide(client, decision)
+        busy.append((time.perf_counter() - t0) * 1000)
+    progress(f"{len(rtts) + len(busy)} decide updates done")
     await asyncio.sleep(2)
     closed = await asyncio.gather(*(daedalus.status(client, s.id) for s in specs[:1]))
     bad = [
@@ -272,6 +279,8 @@ async def parked(client: Client, count: int, decides: int, worker: psutil.Proces
         "decide_p50_ms": round(statistics.median(rtts), 2),
         "decide_p99_ms": round(rtts_sorted[min(len(rtts) - 1, round(0.99 * (len(rtts) - 1)))], 2),
         "decide_max_ms": round(rtts_sorted[-1], 2),
+        "decide_back_to_back_p50_ms": round(statistics.median(busy), 2),
+        "decide_back_to_back_p99_ms": round(percentile(busy, 0.99), 2),
     }
 
 
@@ -351,6 +360,11 @@ def show(result: dict[str, Any]) -> None:
         (
             "decide round trip p50 / p99 / max, ms",
             f"{result['decide_p50_ms']} / {result['decide_p99_ms']} / {result['decide_max_ms']}",
+            "p99 <= 100 ms",
+        ),
+        (
+            "decide back to back (approvals pile up) p50 / p99, ms",
+            f"{result['decide_back_to_back_p50_ms']} / {result['decide_back_to_back_p99_ms']}",
             "p99 <= 100 ms",
         ),
     ]

@@ -11,12 +11,13 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
-from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowHandle, WorkflowQueryFailedError, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from daedalus.schemas import search_attributes
 from daedalus.schemas.ticket import (
     CancelRequest,
     Decision,
@@ -111,6 +112,7 @@ async def file_ticket(
             task_queue=queue,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
             id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+            search_attributes=search_attributes.at_start(spec),
         )
     except WorkflowAlreadyStartedError as error:
         raise TicketError(
@@ -188,4 +190,10 @@ async def status(client: Client, ticket_id: str) -> TicketState:
         result: TicketState = await handle.query(TicketWorkflow.state)
         return result
     except RPCError as error:
-        raise TicketError(f"no ticket {ticket_id} in Temporal ({error.message})") from error
+        if error.status is RPCStatusCode.NOT_FOUND:
+            raise TicketError(f"no ticket {ticket_id} in Temporal ({error.message})") from error
+        raise TicketError(
+            f"ticket {ticket_id} exists but did not answer ({error.message}); is a control-queue worker running?"
+        ) from error
+    except WorkflowQueryFailedError as error:
+        raise TicketError(f"ticket {ticket_id} could not report its status: {error}") from error

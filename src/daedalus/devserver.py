@@ -60,7 +60,10 @@ class DevServer:
         cmd = [str(temporal_binary()), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(self.port)]
         cmd += ["--log-level", "warn", "--namespace", "default"]
         if self.db_file is not None:
+            # WAL with normal sync: each history write is one append instead of a rollback-journal rewrite,
+            # still safe across a crash of the process (the dev server is one machine's embedded default).
             cmd += ["--db-filename", str(self.db_file)]
+            cmd += ["--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal"]
         if self.ui_port is None:
             cmd += ["--headless"]
         else:

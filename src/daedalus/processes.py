@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 TAIL_BYTES = 4000
 
@@ -52,6 +55,26 @@ def kill_group(pid: int, grace_s: float = 3.0) -> None:
                 time.sleep(0.05)
 
 
+def write_pidfile(path: Path, pid: int) -> None:
+    """Record a process group leader with its start time, so a later reader cannot mistake a reused pid."""
+    started = psutil.Process(pid).create_time()
+    path.write_text(json.dumps({"pid": pid, "create_time": started}))
+
+
+def kill_leftover(path: Path) -> bool:
+    """Kill the process group a pidfile names, if that very process still runs. True if one was killed."""
+    try:
+        recorded = json.loads(path.read_text())
+        leader = psutil.Process(int(recorded["pid"]))
+        same = abs(leader.create_time() - float(recorded["create_time"])) < 0.01
+    except (OSError, ValueError, KeyError, psutil.Error):
+        same = False
+    path.unlink(missing_ok=True)
+    if same:
+        kill_group(leader.pid)
+    return same
+
+
 async def run_logged(
     command: str,
     *,
@@ -62,13 +85,18 @@ async def run_logged(
     heartbeat: Callable[[], None] | None = None,
     heartbeat_every_s: float = 2.0,
     stdout_path: Path | None = None,
+    pidfile: Path | None = None,
 ) -> Finished:
     """Run a shell command to completion in a new session, output appended to `log_path`.
 
     With `stdout_path`, stdout goes there and only stderr to the log (for commands whose stdout is data).
     Cancellation (an activity cancelled by Temporal) kills the whole process group before re-raising.
+    With `pidfile`, a group left running by a worker that died (SIGKILL leaves its session alive) is
+    killed before the command starts again, so a retried step never runs beside its own ghost.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    if pidfile is not None:
+        kill_leftover(pidfile)
     full_env = {**os.environ, **(env or {})}
     with log_path.open("ab") as log, stdout_path.open("wb") if stdout_path else log as out:
         process = await asyncio.create_subprocess_shell(
@@ -80,12 +108,16 @@ async def run_logged(
             stderr=log,
             start_new_session=True,
         )
+        if pidfile is not None:
+            write_pidfile(pidfile, process.pid)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         try:
             while True:
                 try:
                     returncode = await asyncio.wait_for(process.wait(), timeout=heartbeat_every_s)
+                    if pidfile is not None:
+                        pidfile.unlink(missing_ok=True)
                     return Finished(returncode, log_path, timed_out=False)
                 except TimeoutError:
                     if heartbeat is not None:
@@ -97,4 +129,6 @@ async def run_logged(
         except BaseException:
             kill_group(process.pid)
             await process.wait()
+            if pidfile is not None:
+                pidfile.unlink(missing_ok=True)
             raise

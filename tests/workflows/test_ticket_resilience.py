@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import psutil
 from sqlalchemy import Engine
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -34,13 +35,14 @@ async def test_worker_sigkilled_mid_build_resumes_on_a_new_worker(
 ) -> None:
     """The whole worker (workflows, audit, host steps) dies mid-build; a new one finishes the ticket.
 
-    The build step's heartbeat timeout (60 s) is how Temporal learns the worker is gone, so this test waits that long.
+    The build step's heartbeat timeout (20 s) is how Temporal learns the worker is gone, so this test waits that
+    long. The first build outlives its worker (its own session) until the retry kills that leftover group.
     """
     host = host_of(task_queue)
     starts = tmp_path / "build-starts"
-    spec = ticket_spec(
-        make_engine_repo(tmp_path / "repo"), host, build={"command": f"echo started >> {starts}; sleep 4"}
-    )
+    ghost = "sleep 417"  # only the first build runs it: a process nobody else on the machine runs
+    build = f"echo started >> {starts}; if [ $(wc -l < {starts}) -eq 1 ]; then {ghost}; else sleep 1; fi"
+    spec = ticket_spec(make_engine_repo(tmp_path / "repo"), host, build={"command": build})
     command = worker_command(temporal_server.address, task_queue, host, tmp_path, str(sqlite_engine.url))
     log = tmp_path / "worker.log"
     first = start_worker_process(command, log)
@@ -61,6 +63,8 @@ async def test_worker_sigkilled_mid_build_resumes_on_a_new_worker(
                 process.terminate()
                 process.wait(10)
     assert starts.read_text().splitlines() == ["started", "started"]  # the build ran again on the new worker
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ghost.split()]
+    assert not leftovers, "the dead worker's build group was not killed before the retry"
     [attempt] = final.attempts
     assert attempt.outcome is AttemptOutcome.GATES_PASSED
     rows = events(sqlite_engine, spec.id)

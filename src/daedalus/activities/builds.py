@@ -14,7 +14,8 @@ class BuildActivities:
     @activity.defn(name="run_build")
     async def run_build(self, request: BuildInput) -> BuildResult:
         """A failing build is a result (the ticket decides what it means), not an activity error."""
-        log = self.workspace.attempt_artifacts(request.ticket_id, request.attempt) / "build.log"
+        artifacts = self.workspace.attempt_artifacts(request.ticket_id, request.attempt)
+        log = artifacts / "build.log"
         log.unlink(missing_ok=True)  # a retried build starts a fresh log
         finished = await run_logged(
             request.command,
@@ -22,6 +23,7 @@ class BuildActivities:
             log_path=log,
             timeout_s=request.timeout_s,
             heartbeat=activity.heartbeat,
+            pidfile=artifacts / "build.pid",
         )
         return BuildResult(
             ok=finished.returncode == 0 and not finished.timed_out,

@@ -39,6 +39,7 @@ class GateActivities:
             stdout_path=stdout_path,
             timeout_s=gate.timeout_s,
             heartbeat=activity.heartbeat,
+            pidfile=artifacts / f"{stem}.pid",
         )
         evidence = {"stdout": str(stdout_path), "log": str(log_path)}
         if finished.timed_out or finished.returncode != 0:

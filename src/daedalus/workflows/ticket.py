@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
@@ -44,7 +44,8 @@ with workflow.unsafe.imports_passed_through():
 T = TypeVar("T")
 
 AUDIT_TIMEOUT = timedelta(seconds=30)
-STEP_HEARTBEAT = timedelta(seconds=60)
+# Steps heartbeat every 1-2 s; a host worker that died is noticed after this long and the step retried.
+STEP_HEARTBEAT = timedelta(seconds=20)
 STEP_RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=2))
 
 
@@ -101,6 +102,7 @@ class TicketWorkflow:
         self.current_step: asyncio.Task[Any] | None = None
         self.retry_granted_after = 0
         self.extra_budget_usd = 0.0
+        self.published: dict[str, str] = {}
         self._answer: Decision | None = None
 
     # ---- queries and updates -------------------------------------------------------------------------
@@ -224,14 +226,10 @@ class TicketWorkflow:
 
     @workflow.run
     async def run(self, ticket: TicketInput) -> TicketState:
-        workflow.upsert_search_attributes(
-            [
-                sa.TICKET_ID.value_set(self.spec.id),
-                sa.HOST.value_set(self.spec.host),
-                sa.ENGINE.value_set(self.spec.engine.name if self.spec.engine else "none"),
-                sa.AGENT.value_set(self.spec.agent.name.value if self.spec.agent else "none"),
-            ]
-        )
+        self.published = {pair.key.name: str(pair.value) for pair in workflow.info().typed_search_attributes}
+        self._publish(
+            sa.ticket_identity(self.spec)
+        )  # a no-op when the starter set them, as daedalus.client does
         await self._record(
             AuditKind.FILED, f"filed by {self.filed_by}: {self.spec.title}", actor=self.filed_by
         )
@@ -280,6 +278,7 @@ class TicketWorkflow:
                     TicketWorkflow.run,
                     TicketInput(spec=child, filed_by=f"ticket {self.spec.id}"),
                     id=f"ticket-{child.id}",
+                    search_attributes=sa.at_start(child),
                 )
             )
             self.children[child.id] = result.status
@@ -679,14 +678,21 @@ class TicketWorkflow:
         awaiting = (
             ",".join(self._allowed(extra["decision_request"].kind)) if "decision_request" in extra else ""
         )
-        workflow.upsert_search_attributes(
-            [sa.STATUS.value_set(status.value), sa.AWAITING.value_set(awaiting)]
-        )
+        self._publish({sa.STATUS: status.value, sa.AWAITING: awaiting})
         await self._record(
             AuditKind.TRANSITION if "decision_request" not in extra else AuditKind.DECISION_REQUESTED,
             summary,
             **extra,
         )
+
+    def _publish(self, values: dict[SearchAttributeKey[str], str]) -> None:
+        """Mirror state in the Temporal UI's search attributes; only changed values (each upsert is a write)."""
+        changed = [
+            key.value_set(value) for key, value in values.items() if self.published.get(key.name) != value
+        ]
+        if changed:
+            workflow.upsert_search_attributes(changed)
+            self.published.update({key.name: value for key, value in values.items()})
 
     async def _close(self, status: TicketStatus, reason: str, actor: str = "daedalus") -> None:
         self.outcome_reason = reason
