@@ -69,7 +69,9 @@ async def dispatch_runs(client: Client, tmp: Path, kind: str, runs: int) -> list
     activities = AttemptActivities(workspace, AgentSettings(codex_bin=str(fake)))
     queue = f"bench-{uuid.uuid4()}"
     samples: list[float] = []
-    async with Worker(client, task_queue=queue, workflows=[AttemptProbe], activities=[activities.run_attempt]):
+    async with Worker(
+        client, task_queue=queue, workflows=[AttemptProbe], activities=[activities.run_attempt]
+    ):
         for _ in range(runs + 1):
             if kind == "scripted":
                 agent: dict[str, Any] = {"name": "scripted", "commands": ["date +%s.%N > started.txt"]}
@@ -78,8 +80,10 @@ async def dispatch_runs(client: Client, tmp: Path, kind: str, runs: int) -> list
             spec = ticket_spec(repo, "bench", agent=agent)
             t0 = time.time()
             await client.execute_workflow(
-                AttemptProbe.run, Probe(request=AttemptInput(spec=spec, attempt=1, brief="b")),
-                id=f"bench-{uuid.uuid4()}", task_queue=queue,
+                AttemptProbe.run,
+                Probe(request=AttemptInput(spec=spec, attempt=1, brief="b")),
+                id=f"bench-{uuid.uuid4()}",
+                task_queue=queue,
             )
             if kind == "scripted":
                 started = float((workspace.worktree(spec.id, 1) / "started.txt").read_text())
@@ -102,9 +106,19 @@ async def openai_runs(tmp: Path, runs: int) -> list[float]:
         agent = OpenAIAgent(AgentSettings(openai_base_url=f"{url}/v1", openai_api_key=API_KEY))  # type: ignore[arg-type]
         for n in range(1, runs + 2):
             worktree = tmp / "wt-openai" / str(n)
-            base = prepare_worktree(repo=repo, base_commit="main", worktree=worktree, branch=branch_name("o", n))
-            task = AgentTask(ticket_id="o", attempt=n, agent=AgentSpec(name="openai", model="local-coder"), brief="b",
-                             repo=str(repo), base_commit=base, worktree=str(worktree), branch=branch_name("o", n))
+            base = prepare_worktree(
+                repo=repo, base_commit="main", worktree=worktree, branch=branch_name("o", n)
+            )
+            task = AgentTask(
+                ticket_id="o",
+                attempt=n,
+                agent=AgentSpec(name="openai", model="local-coder"),
+                brief="b",
+                repo=str(repo),
+                base_commit=base,
+                worktree=str(worktree),
+                branch=branch_name("o", n),
+            )
             script.turns = [Turn(text="RESULT: failure")]
             arrivals: list[float] = []
             original = script.next
@@ -138,12 +152,24 @@ async def overhead(tmp: Path, events: int, repeats: int) -> tuple[float, float]:
     beats = [0]
     for n in range(1, repeats + 1):
         t = time.perf_counter()
-        subprocess.run([str(fake)], input=b"prompt", stdout=subprocess.DEVNULL, env={**os.environ, **env}, check=True)
+        subprocess.run(
+            [str(fake)], input=b"prompt", stdout=subprocess.DEVNULL, env={**os.environ, **env}, check=True
+        )
         raw.append(time.perf_counter() - t)
         worktree = tmp / "wt-ovh" / str(n)
-        base = prepare_worktree(repo=repo, base_commit="main", worktree=worktree, branch=branch_name("ovh", n))
-        task = AgentTask(ticket_id="ovh", attempt=n, agent=AgentSpec(name="codex"), brief="b", repo=str(repo),
-                         base_commit=base, worktree=str(worktree), branch=branch_name("ovh", n))
+        base = prepare_worktree(
+            repo=repo, base_commit="main", worktree=worktree, branch=branch_name("ovh", n)
+        )
+        task = AgentTask(
+            ticket_id="ovh",
+            attempt=n,
+            agent=AgentSpec(name="codex"),
+            brief="b",
+            repo=str(repo),
+            base_commit=base,
+            worktree=str(worktree),
+            branch=branch_name("ovh", n),
+        )
         art = tmp / "art-ovh" / str(n)
         art.mkdir(parents=True)
         t = time.perf_counter()
@@ -159,7 +185,10 @@ async def main() -> None:
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--events", type=int, default=5000)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as name, DevServer(db_file=None, port=free_port(), ui_port=None) as server:
+    with (
+        tempfile.TemporaryDirectory() as name,
+        DevServer(db_file=None, port=free_port(), ui_port=None) as server,
+    ):
         tmp = Path(name)
         global MARKS
         MARKS = tmp / "marks"
@@ -170,25 +199,37 @@ async def main() -> None:
         codex = await dispatch_runs(client, tmp, "codex", args.runs)
         openai_ms = await openai_runs(tmp, args.runs)
         supervised_k, raw_k = await overhead(tmp, args.events, 3)
-    rows = {"scripted (Temporal → process)": scripted, "codex fake (Temporal → process)": codex,
-            "openai local (agent → first request)": openai_ms}
+    rows = {
+        "scripted (Temporal → process)": scripted,
+        "codex fake (Temporal → process)": codex,
+        "openai local (agent → first request)": openai_ms,
+    }
     table = Table(title="bench/dispatch.py")
     for column in ("path", "runs", "p50 ms", "p99 ms"):
         table.add_column(column)
     for label, values in rows.items():
         table.add_row(label, str(len(values)), f"{pct(values, 0.5):.1f}", f"{pct(values, 0.99):.1f}")
-    table.add_row(f"supervision overhead ({args.events} events)", "3",
-                  f"{supervised_k - raw_k:.1f} ms / 1000 events", f"raw emit {raw_k:.1f} ms / 1000")
+    table.add_row(
+        f"supervision overhead ({args.events} events)",
+        "3",
+        f"{supervised_k - raw_k:.1f} ms / 1000 events",
+        f"raw emit {raw_k:.1f} ms / 1000",
+    )
     Console().print(table)
     everything = scripted + codex
     out = {
         "dispatch_to_running_ms_p50": round(pct(everything, 0.5), 2),
         "dispatch_to_running_ms_p99": round(pct(everything, 0.99), 2),
         "overhead_ms_per_1000_events": round(supervised_k - raw_k, 2),
-        "scripted_ms_p50": round(pct(scripted, 0.5), 2), "scripted_ms_p99": round(pct(scripted, 0.99), 2),
-        "codex_fake_ms_p50": round(pct(codex, 0.5), 2), "codex_fake_ms_p99": round(pct(codex, 0.99), 2),
-        "openai_local_ms_p50": round(pct(openai_ms, 0.5), 2), "openai_local_ms_p99": round(pct(openai_ms, 0.99), 2),
-        "raw_emit_ms_per_1000_events": round(raw_k, 2), "runs": args.runs, "events": args.events,
+        "scripted_ms_p50": round(pct(scripted, 0.5), 2),
+        "scripted_ms_p99": round(pct(scripted, 0.99), 2),
+        "codex_fake_ms_p50": round(pct(codex, 0.5), 2),
+        "codex_fake_ms_p99": round(pct(codex, 0.99), 2),
+        "openai_local_ms_p50": round(pct(openai_ms, 0.5), 2),
+        "openai_local_ms_p99": round(pct(openai_ms, 0.99), 2),
+        "raw_emit_ms_per_1000_events": round(raw_k, 2),
+        "runs": args.runs,
+        "events": args.events,
     }
     results = ROOT / "bench" / "results"
     results.mkdir(parents=True, exist_ok=True)

@@ -125,7 +125,11 @@ async def main() -> None:
     table.add_row("CPU at 10 Hz (% of one core)", f"{cpu_10:.3f}", "")
     table.add_row(f"reaction, samples (max of {args.runs})", str(max(samples)), "<= 2")
     table.add_row("reaction, samples (median)", f"{statistics.median(samples):g}", "")
-    table.add_row("crossing -> SIGTERM, ms (median / max)", f"{result['reaction_ms_median']} / {result['reaction_ms_max']}", "")
+    table.add_row(
+        "crossing -> SIGTERM, ms (median / max)",
+        f"{result['reaction_ms_median']} / {result['reaction_ms_max']}",
+        "",
+    )
     Console().print(table)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2))

@@ -55,9 +55,13 @@ class AttemptActivities:
                 non_retryable=True,
             )
         try:
-            base = wt.prepare_worktree(repo=repo, base_commit=spec.engine.base_commit, worktree=worktree, branch=branch)
+            base = wt.prepare_worktree(
+                repo=repo, base_commit=spec.engine.base_commit, worktree=worktree, branch=branch
+            )
         except wt.GitError as error:
-            raise ApplicationError(f"cannot prepare the attempt's worktree: {error}", non_retryable=True) from error
+            raise ApplicationError(
+                f"cannot prepare the attempt's worktree: {error}", non_retryable=True
+            ) from error
         task = AgentTask(
             ticket_id=spec.id,
             attempt=request.attempt,
@@ -87,40 +91,68 @@ class AttemptActivities:
             _write_result(artifacts, _cancelled(task, agent, artifacts, started))
             raise
         if wt.git("status", "--porcelain", cwd=repo) != repo_status:
-            result = result.model_copy(update={
-                "exit_reason": ExitReason.FORBIDDEN,
-                "detail": f"the agent changed the engine checkout {repo} outside its worktree; "
-                f"inspect `git -C {repo} status`. {result.detail}",
-            })
-        elif result.exit_reason is ExitReason.COMMITTED and not wt.commits_since(worktree, base) and wt.commit_all(
-            worktree, f"ticket {task.ticket_id} attempt {task.attempt}: changes left uncommitted by {agent.name}"
+            result = result.model_copy(
+                update={
+                    "exit_reason": ExitReason.FORBIDDEN,
+                    "detail": f"the agent changed the engine checkout {repo} outside its worktree; "
+                    f"inspect `git -C {repo} status`. {result.detail}",
+                }
+            )
+        elif (
+            result.exit_reason is ExitReason.COMMITTED
+            and not wt.commits_since(worktree, base)
+            and wt.commit_all(
+                worktree,
+                f"ticket {task.ticket_id} attempt {task.attempt}: changes left uncommitted by {agent.name}",
+            )
         ):
-            result = result.model_copy(update={"detail": result.detail + "; the agent left its changes "
-                                                "uncommitted, daedalus committed them"})
+            result = result.model_copy(
+                update={
+                    "detail": result.detail + "; the agent left its changes "
+                    "uncommitted, daedalus committed them"
+                }
+            )
         result = verify(task, result, base)
         _write_result(artifacts, result)
         log.info("attempt finished", ticket_id=task.ticket_id, attempt=task.attempt, summary=result.summary())
         return result
 
-    async def _run_or_follow(self, task: AgentTask, agent: CodingAgent, artifacts: Path, base: str) -> AgentResult:
+    async def _run_or_follow(
+        self, task: AgentTask, agent: CodingAgent, artifacts: Path, base: str
+    ) -> AgentResult:
         (artifacts / "prompt.md").write_text(build_prompt(task))
         running = RunningRecord.read(artifacts / RUNNING_FILE)
         if running is not None:
-            log.info("attempt already started; following it", pid=running.pid, kind=running.kind,
-                     progress=activity.info().heartbeat_details[:1])
+            log.info(
+                "attempt already started; following it",
+                pid=running.pid,
+                kind=running.kind,
+                progress=activity.info().heartbeat_details[:1],
+            )
             if running.kind == "process" and isinstance(agent, CliAgent):
-                return await agent.attach(task, running, artifacts=artifacts, heartbeat=activity.heartbeat,
-                                          keep_on_cancel=_leave_agent_running)
+                return await agent.attach(
+                    task,
+                    running,
+                    artifacts=artifacts,
+                    heartbeat=activity.heartbeat,
+                    keep_on_cancel=_leave_agent_running,
+                )
             return await _wait_for_worker(task, agent, running, artifacts)
         if wt.commits_since(Path(task.worktree), base):
             return _committed_earlier(task, agent, artifacts)
         try:
-            return await agent.run(task, artifacts=artifacts, heartbeat=activity.heartbeat,
-                                   keep_on_cancel=_leave_agent_running)
+            return await agent.run(
+                task, artifacts=artifacts, heartbeat=activity.heartbeat, keep_on_cancel=_leave_agent_running
+            )
         except AgentConfigError as error:
             return AgentResult(
-                ticket_id=task.ticket_id, attempt=task.attempt, agent=agent.label, exit_reason=ExitReason.FAILED,
-                branch=task.branch, detail=str(error), artifacts=str(artifacts),
+                ticket_id=task.ticket_id,
+                attempt=task.attempt,
+                agent=agent.label,
+                exit_reason=ExitReason.FAILED,
+                branch=task.branch,
+                detail=str(error),
+                artifacts=str(artifacts),
             )
 
 
@@ -155,8 +187,13 @@ async def _wait_for_worker(
     if result_file.exists():
         return AgentResult.model_validate_json(result_file.read_text())
     return AgentResult(
-        ticket_id=task.ticket_id, attempt=task.attempt, agent=agent.label, exit_reason=ExitReason.FAILED,
-        branch=task.branch, usage=load_usage(artifacts / USAGE_FILE) or AgentUsage(), artifacts=str(artifacts),
+        ticket_id=task.ticket_id,
+        attempt=task.attempt,
+        agent=agent.label,
+        exit_reason=ExitReason.FAILED,
+        branch=task.branch,
+        usage=load_usage(artifacts / USAGE_FILE) or AgentUsage(),
+        artifacts=str(artifacts),
         detail=f"the worker (pid {running.pid}) running this attempt stopped before it finished; "
         "not restarting the agent, which would pay for the attempt twice",
     )
@@ -167,10 +204,19 @@ def _cancelled(task: AgentTask, agent: CodingAgent, artifacts: Path, started: fl
         details = activity.cancellation_details()
     except RuntimeError:
         details = None
-    why = "the ticket was cancelled" if details is None or details.cancel_requested else f"activity ended: {details}"
+    why = (
+        "the ticket was cancelled"
+        if details is None or details.cancel_requested
+        else f"activity ended: {details}"
+    )
     return AgentResult(
-        ticket_id=task.ticket_id, attempt=task.attempt, agent=agent.label, exit_reason=ExitReason.CANCELLED,
-        branch=task.branch, usage=load_usage(artifacts / USAGE_FILE) or AgentUsage(), artifacts=str(artifacts),
+        ticket_id=task.ticket_id,
+        attempt=task.attempt,
+        agent=agent.label,
+        exit_reason=ExitReason.CANCELLED,
+        branch=task.branch,
+        usage=load_usage(artifacts / USAGE_FILE) or AgentUsage(),
+        artifacts=str(artifacts),
         detail=f"cancelled ({why}); the agent's process group was killed",
         duration_s=round(time.time() - started, 3),
     )
@@ -203,23 +249,37 @@ def verify(task: AgentTask, result: AgentResult, base: str) -> AgentResult:
     commits = wt.commits_since(worktree, base)
     if not commits:
         if result.exit_reason is ExitReason.COMMITTED:
-            return result.model_copy(update={
-                "exit_reason": ExitReason.NO_COMMIT, "commit": None,
-                "detail": f"no commit on {task.branch} and nothing changed; {result.detail}",
-            })
+            return result.model_copy(
+                update={
+                    "exit_reason": ExitReason.NO_COMMIT,
+                    "commit": None,
+                    "detail": f"no commit on {task.branch} and nothing changed; {result.detail}",
+                }
+            )
         return result.model_copy(update={"commit": None})
     outside = wt.outside_allowed(wt.changed_paths(worktree, base), task.allowed_paths)
     if outside:
-        return result.model_copy(update={
-            "exit_reason": ExitReason.FORBIDDEN, "commit": None, "diff_stat": wt.diff_stat(worktree, base),
-            "detail": f"the commit touches paths the spec does not allow: {outside}; allowed: {task.allowed_paths}",
-        })
+        return result.model_copy(
+            update={
+                "exit_reason": ExitReason.FORBIDDEN,
+                "commit": None,
+                "diff_stat": wt.diff_stat(worktree, base),
+                "detail": f"the commit touches paths the spec does not allow: {outside}; allowed: {task.allowed_paths}",
+            }
+        )
     if result.exit_reason is not ExitReason.COMMITTED:
         # A commit from an attempt that timed out, overspent or was cancelled does not count.
-        return result.model_copy(update={
-            "commit": None, "diff_stat": wt.diff_stat(worktree, base),
-            "detail": f"{result.detail}; its commit {commits[0][:10]} is not counted",
-        })
+        return result.model_copy(
+            update={
+                "commit": None,
+                "diff_stat": wt.diff_stat(worktree, base),
+                "detail": f"{result.detail}; its commit {commits[0][:10]} is not counted",
+            }
+        )
     return result.model_copy(
-        update={"commit": commits[0], "diff_stat": wt.diff_stat(worktree, base), "exit_reason": ExitReason.COMMITTED}
+        update={
+            "commit": commits[0],
+            "diff_stat": wt.diff_stat(worktree, base),
+            "exit_reason": ExitReason.COMMITTED,
+        }
     )

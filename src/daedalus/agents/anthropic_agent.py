@@ -17,8 +17,10 @@ def api_failure(error: anthropic.AnthropicError, *, model: str, where: str) -> A
     if isinstance(error, anthropic.APITimeoutError):
         return ApiFailure(f"{where} did not answer in time (after retries): {error}", ExitReason.TIMEOUT)
     if isinstance(error, anthropic.NotFoundError):
-        return ApiFailure(f"model {model!r} is not served at {where} (404): {error.message}; "
-                          "set agent.model in the spec to a model the API knows")
+        return ApiFailure(
+            f"model {model!r} is not served at {where} (404): {error.message}; "
+            "set agent.model in the spec to a model the API knows"
+        )
     if isinstance(error, anthropic.AuthenticationError):
         return ApiFailure(f"{where} rejected the API key (401): {error.message}; check the configured key")
     if isinstance(error, anthropic.RateLimitError):
@@ -46,8 +48,10 @@ class AnthropicAgent(ToolLoopAgent):
     def client(self) -> anthropic.AsyncAnthropic:
         assert self.settings.anthropic_api_key is not None
         return anthropic.AsyncAnthropic(
-            api_key=self.settings.anthropic_api_key.get_secret_value(), base_url=self.settings.anthropic_base_url,
-            timeout=self.settings.request_timeout_s, max_retries=self.settings.max_retries,
+            api_key=self.settings.anthropic_api_key.get_secret_value(),
+            base_url=self.settings.anthropic_base_url,
+            timeout=self.settings.request_timeout_s,
+            max_retries=self.settings.max_retries,
         )
 
     async def loop(self, task: AgentTask, prompt: str, meter: CostMeter, tools: ToolLoop) -> str | None:
@@ -58,7 +62,9 @@ class AnthropicAgent(ToolLoopAgent):
             for _ in range(task.max_turns):
                 try:
                     async with client.messages.stream(
-                        model=model, max_tokens=self.settings.max_tokens, system=SYSTEM,
+                        model=model,
+                        max_tokens=self.settings.max_tokens,
+                        system=SYSTEM,
                         messages=messages,  # type: ignore[arg-type]
                         tools=anthropic_tools(),  # type: ignore[arg-type]
                     ) as stream:
@@ -69,7 +75,10 @@ class AnthropicAgent(ToolLoopAgent):
                 cached = usage.cache_read_input_tokens or 0
                 meter.add(
                     input_tokens=usage.input_tokens + cached + (usage.cache_creation_input_tokens or 0),
-                    output_tokens=usage.output_tokens, cached_input_tokens=cached, turns=1, model=message.model,
+                    output_tokens=usage.output_tokens,
+                    cached_input_tokens=cached,
+                    turns=1,
+                    model=message.model,
                 )
                 content: list[dict[str, Any]] = []
                 text: list[str] = []
@@ -79,7 +88,9 @@ class AnthropicAgent(ToolLoopAgent):
                         content.append({"type": "text", "text": block.text})
                         text.append(block.text)
                     elif block.type == "tool_use":
-                        content.append({"type": "tool_use", "id": block.id, "name": block.name, "input": block.input})
+                        content.append(
+                            {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+                        )
                         uses.append((block.id, block.name, block.input))
                 tools.transcript.write("assistant", content=content, stop_reason=message.stop_reason)
                 messages.append({"role": "assistant", "content": content})
@@ -87,8 +98,16 @@ class AnthropicAgent(ToolLoopAgent):
                     return "\n".join(text)
                 results = []
                 for use_id, name, arguments in uses:
-                    output, is_error = await tools.call(name, arguments if isinstance(arguments, dict) else {})
-                    results.append({"type": "tool_result", "tool_use_id": use_id, "content": output,
-                                    "is_error": is_error})
+                    output, is_error = await tools.call(
+                        name, arguments if isinstance(arguments, dict) else {}
+                    )
+                    results.append(
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": use_id,
+                            "content": output,
+                            "is_error": is_error,
+                        }
+                    )
                 messages.append({"role": "user", "content": results})
         return None

@@ -38,11 +38,15 @@ class ClaudeParser(EventParser):
         usage = message.get("usage") or {}
         if usage:
             cached = int(usage.get("cache_read_input_tokens") or 0)
-            total_in = int(usage.get("input_tokens") or 0) + cached + int(
-                usage.get("cache_creation_input_tokens") or 0
+            total_in = (
+                int(usage.get("input_tokens") or 0)
+                + cached
+                + int(usage.get("cache_creation_input_tokens") or 0)
             )
             self.per_message[str(message.get("id", len(self.per_message)))] = (
-                total_in, int(usage.get("output_tokens") or 0), cached,
+                total_in,
+                int(usage.get("output_tokens") or 0),
+                cached,
             )
             self.meter.model = self.meter.model or message.get("model")
             self.meter.turns = len(self.per_message)
@@ -73,14 +77,16 @@ class ClaudeParser(EventParser):
         if usage:
             cached = int(usage.get("cache_read_input_tokens") or 0)
             self.meter.set_totals(
-                input_tokens=int(usage.get("input_tokens") or 0) + cached
+                input_tokens=int(usage.get("input_tokens") or 0)
+                + cached
                 + int(usage.get("cache_creation_input_tokens") or 0),
                 output_tokens=int(usage.get("output_tokens") or 0),
                 cached_input_tokens=cached,
             )
         else:
             self.meter.set_totals(
-                input_tokens=self.meter.input_tokens, output_tokens=self.meter.output_tokens,
+                input_tokens=self.meter.input_tokens,
+                output_tokens=self.meter.output_tokens,
                 cached_input_tokens=self.meter.cached_input_tokens,
             )
         if isinstance(event.get("result"), str):
@@ -91,7 +97,9 @@ class ClaudeParser(EventParser):
             raise BudgetExceeded(f"claude stopped at its budget cap ({subtype})")
         else:
             self.claimed = False
-            self.error = f"{subtype or 'error'}" + (f" after {event.get('num_turns')} turns" if subtype else "")
+            self.error = f"{subtype or 'error'}" + (
+                f" after {event.get('num_turns')} turns" if subtype else ""
+            )
 
 
 class ClaudeAgent(CliAgent):
@@ -100,8 +108,14 @@ class ClaudeAgent(CliAgent):
 
     def argv(self, task: AgentTask) -> list[str]:
         argv = [
-            self.settings.claude_bin, "-p", "--output-format", "stream-json", "--verbose",
-            "--max-turns", str(task.max_turns), *self.settings.claude_args,
+            self.settings.claude_bin,
+            "-p",
+            "--output-format",
+            "stream-json",
+            "--verbose",
+            "--max-turns",
+            str(task.max_turns),
+            *self.settings.claude_args,
         ]
         if task.agent.model:
             argv += ["--model", task.agent.model]

@@ -108,7 +108,11 @@ class CliAgent(ABC):
         return {**os.environ}
 
     async def run(
-        self, task: AgentTask, *, artifacts: Path, heartbeat: Heartbeat,
+        self,
+        task: AgentTask,
+        *,
+        artifacts: Path,
+        heartbeat: Heartbeat,
         keep_on_cancel: Callable[[], bool] = lambda: False,
     ) -> AgentResult:
         argv = self.argv(task)
@@ -120,12 +124,19 @@ class CliAgent(ABC):
         started = time.time()
         with (artifacts / EVENTS_FILE).open("ab") as out, (artifacts / STDERR_FILE).open("ab") as err:
             process = await asyncio.create_subprocess_exec(
-                *argv, cwd=task.worktree, env=self.env(task), stdin=asyncio.subprocess.PIPE,
-                stdout=out, stderr=err, start_new_session=True,
+                *argv,
+                cwd=task.worktree,
+                env=self.env(task),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
             )
         record = RunningRecord.of(process.pid, kind="process", agent=self.name)
         record.write(artifacts / RUNNING_FILE)
-        log.info("agent started", agent=self.name, pid=process.pid, ticket_id=task.ticket_id, attempt=task.attempt)
+        log.info(
+            "agent started", agent=self.name, pid=process.pid, ticket_id=task.ticket_id, attempt=task.attempt
+        )
         assert process.stdin is not None
         try:
             # The prompt goes on stdin, which is then closed: the agent never waits on a terminal.
@@ -136,12 +147,23 @@ class CliAgent(ABC):
         finally:
             process.stdin.close()
         return await self._supervise(
-            task, record, artifacts=artifacts, heartbeat=heartbeat, started=started,
-            alive=lambda: process.returncode is None, reap=process.wait, keep_on_cancel=keep_on_cancel,
+            task,
+            record,
+            artifacts=artifacts,
+            heartbeat=heartbeat,
+            started=started,
+            alive=lambda: process.returncode is None,
+            reap=process.wait,
+            keep_on_cancel=keep_on_cancel,
         )
 
     async def attach(
-        self, task: AgentTask, record: RunningRecord, *, artifacts: Path, heartbeat: Heartbeat,
+        self,
+        task: AgentTask,
+        record: RunningRecord,
+        *,
+        artifacts: Path,
+        heartbeat: Heartbeat,
         keep_on_cancel: Callable[[], bool] = lambda: False,
     ) -> AgentResult:
         """Follow an agent a previous activity attempt started; it may still run, or have finished unseen."""
@@ -152,16 +174,33 @@ class CliAgent(ABC):
             return -1
 
         return await self._supervise(
-            task, record, artifacts=artifacts, heartbeat=heartbeat, started=record.started_at,
-            alive=record.alive, reap=reap, keep_on_cancel=keep_on_cancel, attached=True,
+            task,
+            record,
+            artifacts=artifacts,
+            heartbeat=heartbeat,
+            started=record.started_at,
+            alive=record.alive,
+            reap=reap,
+            keep_on_cancel=keep_on_cancel,
+            attached=True,
         )
 
     async def _supervise(
-        self, task: AgentTask, record: RunningRecord, *, artifacts: Path, heartbeat: Heartbeat, started: float,
-        alive: Callable[[], bool], reap: Callable[[], Any], keep_on_cancel: Callable[[], bool],
+        self,
+        task: AgentTask,
+        record: RunningRecord,
+        *,
+        artifacts: Path,
+        heartbeat: Heartbeat,
+        started: float,
+        alive: Callable[[], bool],
+        reap: Callable[[], Any],
+        keep_on_cancel: Callable[[], bool],
         attached: bool = False,
     ) -> AgentResult:
-        meter = CostMeter(model=self.model(task), budget_usd=task.agent.budget_usd, path=artifacts / USAGE_FILE)
+        meter = CostMeter(
+            model=self.model(task), budget_usd=task.agent.budget_usd, path=artifacts / USAGE_FILE
+        )
         parser = self.parser(task, meter, Toolbox(Path(task.worktree), deny=self.settings.deny_commands))
         beat = Throttle(heartbeat)
         stopped: ExitReason | None = None
@@ -193,10 +232,16 @@ class CliAgent(ABC):
                         break
                     now = time.monotonic()
                     if now - last_event > task.idle_timeout_s:
-                        stopped, detail = ExitReason.TIMEOUT, f"no event from {self.name} for {task.idle_timeout_s}s"
+                        stopped, detail = (
+                            ExitReason.TIMEOUT,
+                            f"no event from {self.name} for {task.idle_timeout_s}s",
+                        )
                         break
                     if time.time() > wall_deadline:
-                        stopped, detail = ExitReason.TIMEOUT, f"{self.name} ran past its {task.timeout_s}s limit"
+                        stopped, detail = (
+                            ExitReason.TIMEOUT,
+                            f"{self.name} ran past its {task.timeout_s}s limit",
+                        )
                         break
                     beat({"pid": record.pid, "events": parser.events, "last": parser.last_type})
                     await asyncio.sleep(POLL_S)
@@ -220,8 +265,14 @@ class CliAgent(ABC):
             stopped, detail = self.outcome(parser, returncode, artifacts, attached=attached)
         claimed = parser.claimed if parser.claimed is not None else claimed_success(parser.final_text)
         return make_result(
-            task, label=self.label, reason=stopped, meter=meter, transcript=events_path, detail=detail,
-            claimed=claimed, started=started,
+            task,
+            label=self.label,
+            reason=stopped,
+            meter=meter,
+            transcript=events_path,
+            detail=detail,
+            claimed=claimed,
+            started=started,
         )
 
     def outcome(

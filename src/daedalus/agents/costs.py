@@ -59,7 +59,9 @@ class CostMeter:
     the endpoint is a paid one, and unavailable otherwise (a self-hosted model, an unknown model) — never $0.00.
     """
 
-    def __init__(self, *, model: str | None, budget_usd: float | None, path: Path | None, priced: bool = True):
+    def __init__(
+        self, *, model: str | None, budget_usd: float | None, path: Path | None, priced: bool = True
+    ):
         self.model = model
         self.budget_usd = budget_usd
         self.path = path
@@ -71,8 +73,15 @@ class CostMeter:
         self.provider_cost: float | None = None
         self.reported = False  # no usage reported at all is "unavailable", never $0.00
 
-    def add(self, *, input_tokens: int = 0, output_tokens: int = 0, cached_input_tokens: int = 0,
-            turns: int = 0, model: str | None = None) -> None:
+    def add(
+        self,
+        *,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        cached_input_tokens: int = 0,
+        turns: int = 0,
+        model: str | None = None,
+    ) -> None:
         """Record usage, then raise BudgetExceeded if the attempt has now spent more than its budget."""
         self.model = model or self.model
         self.reported = True
@@ -102,16 +111,23 @@ class CostMeter:
         if price is None or not self.reported:
             return None, "unavailable"
         uncached = max(0, self.input_tokens - self.cached_input_tokens)
-        usd = (uncached * price.input + self.cached_input_tokens * price.cached_input
-               + self.output_tokens * price.output) / 1e6
+        usd = (
+            uncached * price.input
+            + self.cached_input_tokens * price.cached_input
+            + self.output_tokens * price.output
+        ) / 1e6
         return round(usd, 6), "estimated"
 
     def usage(self) -> AgentUsage:
         cost, source = self.cost()
         return AgentUsage(
-            input_tokens=self.input_tokens, output_tokens=self.output_tokens,
-            cached_input_tokens=self.cached_input_tokens, cost_usd=cost, cost_source=source,
-            model=self.model, turns=self.turns,
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            cached_input_tokens=self.cached_input_tokens,
+            cost_usd=cost,
+            cost_source=source,
+            model=self.model,
+            turns=self.turns,
         )
 
     def budget_note(self) -> str:

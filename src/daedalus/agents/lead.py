@@ -48,9 +48,15 @@ class LeadAgent:
         return self.settings.anthropic_model if self.provider == "anthropic" else self.settings.openai_model
 
     def unavailable_reason(self) -> str | None:
-        key = self.settings.anthropic_api_key if self.provider == "anthropic" else self.settings.openai_api_key
+        key = (
+            self.settings.anthropic_api_key if self.provider == "anthropic" else self.settings.openai_api_key
+        )
         if key is None:
-            env = "DAEDALUS_AGENT_ANTHROPIC_API_KEY" if self.provider == "anthropic" else "DAEDALUS_AGENT_OPENAI_API_KEY"
+            env = (
+                "DAEDALUS_AGENT_ANTHROPIC_API_KEY"
+                if self.provider == "anthropic"
+                else "DAEDALUS_AGENT_OPENAI_API_KEY"
+            )
             return f"the lead agent has no API key ({self.provider}): set {env}, or write the spec by hand"
         return None
 
@@ -64,28 +70,42 @@ class LeadAgent:
             if self.provider == "anthropic":
                 assert s.anthropic_api_key is not None
                 async with anthropic.AsyncAnthropic(
-                    api_key=s.anthropic_api_key.get_secret_value(), base_url=s.anthropic_base_url,
-                    timeout=s.request_timeout_s, max_retries=s.max_retries,
+                    api_key=s.anthropic_api_key.get_secret_value(),
+                    base_url=s.anthropic_base_url,
+                    timeout=s.request_timeout_s,
+                    max_retries=s.max_retries,
                 ) as client:
                     message = await client.messages.create(
-                        model=self.model(), max_tokens=s.max_tokens, system=system,
+                        model=self.model(),
+                        max_tokens=s.max_tokens,
+                        system=system,
                         messages=[{"role": "user", "content": user}],
                     )
-                meter.add(input_tokens=message.usage.input_tokens, output_tokens=message.usage.output_tokens,
-                          turns=1, model=message.model)
+                meter.add(
+                    input_tokens=message.usage.input_tokens,
+                    output_tokens=message.usage.output_tokens,
+                    turns=1,
+                    model=message.model,
+                )
                 return "".join(b.text for b in message.content if b.type == "text")
             assert s.openai_api_key is not None
             async with openai.AsyncOpenAI(
-                api_key=s.openai_api_key.get_secret_value(), base_url=s.openai_base_url,
-                timeout=s.request_timeout_s, max_retries=s.max_retries,
+                api_key=s.openai_api_key.get_secret_value(),
+                base_url=s.openai_base_url,
+                timeout=s.request_timeout_s,
+                max_retries=s.max_retries,
             ) as oclient:
                 completion = await oclient.chat.completions.create(
                     model=self.model(),
                     messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
                 )
             if completion.usage:
-                meter.add(input_tokens=completion.usage.prompt_tokens,
-                          output_tokens=completion.usage.completion_tokens, turns=1, model=completion.model)
+                meter.add(
+                    input_tokens=completion.usage.prompt_tokens,
+                    output_tokens=completion.usage.completion_tokens,
+                    turns=1,
+                    model=completion.model,
+                )
             return completion.choices[0].message.content or ""
         except (anthropic.AnthropicError, openai.OpenAIError) as error:
             raise LeadUnavailable(
@@ -112,8 +132,10 @@ class LeadAgent:
                     return SpecDraft(spec_json=spec.model_dump_json(), lead=lead, usage=meter.usage())
                 except (ValidationError, ValueError) as error:
                     problems = [str(error)[:1500]]
-                    prompt = (f"{prompt}\n\nYour previous answer was not a valid spec:\n{problems[0]}\n"
-                              "Answer again with corrected JSON only.")
+                    prompt = (
+                        f"{prompt}\n\nYour previous answer was not a valid spec:\n{problems[0]}\n"
+                        "Answer again with corrected JSON only."
+                    )
         except LeadUnavailable as error:
             return SpecDraft(problems=[str(error)], lead=str(error), usage=meter.usage())
         return SpecDraft(problems=problems, lead=lead, usage=meter.usage())
@@ -128,5 +150,9 @@ class LeadAgent:
         except LeadUnavailable as error:
             return Narrative(lines=list(facts), by_model=False, note=str(error), usage=meter.usage())
         lines = [ln.strip().lstrip("-* ").strip() for ln in text.splitlines() if ln.strip()]
-        return Narrative(lines=lines or list(facts), by_model=bool(lines), usage=meter.usage(),
-                         note="" if lines else "the model returned nothing; showing the facts")
+        return Narrative(
+            lines=lines or list(facts),
+            by_model=bool(lines),
+            usage=meter.usage(),
+            note="" if lines else "the model returned nothing; showing the facts",
+        )

@@ -18,8 +18,10 @@ def api_failure(error: openai.OpenAIError, *, model: str, where: str) -> ApiFail
     if isinstance(error, openai.APITimeoutError):
         return ApiFailure(f"{where} did not answer in time (after retries): {error}", ExitReason.TIMEOUT)
     if isinstance(error, openai.NotFoundError):
-        return ApiFailure(f"model {model!r} is not served at {where} (404): {error.message}; "
-                          "set agent.model in the spec to a model the endpoint lists")
+        return ApiFailure(
+            f"model {model!r} is not served at {where} (404): {error.message}; "
+            "set agent.model in the spec to a model the endpoint lists"
+        )
     if isinstance(error, openai.AuthenticationError):
         return ApiFailure(f"{where} rejected the API key (401): {error.message}; check the configured key")
     if isinstance(error, openai.RateLimitError):
@@ -54,15 +56,18 @@ class OpenAIAgent(ToolLoopAgent):
     def client(self) -> openai.AsyncOpenAI:
         assert self.settings.openai_api_key is not None
         return openai.AsyncOpenAI(
-            api_key=self.settings.openai_api_key.get_secret_value(), base_url=self.settings.openai_base_url,
-            timeout=self.settings.request_timeout_s, max_retries=self.settings.max_retries,
+            api_key=self.settings.openai_api_key.get_secret_value(),
+            base_url=self.settings.openai_base_url,
+            timeout=self.settings.request_timeout_s,
+            max_retries=self.settings.max_retries,
         )
 
     async def loop(self, task: AgentTask, prompt: str, meter: CostMeter, tools: ToolLoop) -> str | None:
         model = self.model(task)
         where = self.settings.openai_base_url or "api.openai.com"
         messages: list[dict[str, Any]] = [
-            {"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt},
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": prompt},
         ]
         async with self.client() as client:
             for _ in range(task.max_turns):
@@ -74,8 +79,11 @@ class OpenAIAgent(ToolLoopAgent):
                 assistant: dict[str, Any] = {"role": "assistant", "content": text or None}
                 if calls:
                     assistant["tool_calls"] = [
-                        {"id": c["id"], "type": "function",
-                         "function": {"name": c["name"], "arguments": c["arguments"] or "{}"}}
+                        {
+                            "id": c["id"],
+                            "type": "function",
+                            "function": {"name": c["name"], "arguments": c["arguments"] or "{}"},
+                        }
                         for c in calls
                     ]
                 messages.append(assistant)
@@ -91,7 +99,11 @@ class OpenAIAgent(ToolLoopAgent):
     ) -> tuple[str, list[dict[str, str]]]:
         """One streamed completion: its text and its tool calls, assembled from the deltas."""
         stream = await client.chat.completions.create(  # type: ignore[call-overload]
-            model=model, messages=messages, tools=openai_tools(), stream=True, stream_options={"include_usage": True},
+            model=model,
+            messages=messages,
+            tools=openai_tools(),
+            stream=True,
+            stream_options={"include_usage": True},
             max_completion_tokens=self.settings.max_tokens,
         )
         text: list[str] = []
@@ -102,8 +114,11 @@ class OpenAIAgent(ToolLoopAgent):
                 usage_seen = True
                 details = chunk.usage.prompt_tokens_details
                 meter.add(
-                    input_tokens=chunk.usage.prompt_tokens, output_tokens=chunk.usage.completion_tokens,
-                    cached_input_tokens=(details.cached_tokens or 0) if details else 0, turns=1, model=chunk.model,
+                    input_tokens=chunk.usage.prompt_tokens,
+                    output_tokens=chunk.usage.completion_tokens,
+                    cached_input_tokens=(details.cached_tokens or 0) if details else 0,
+                    turns=1,
+                    model=chunk.model,
                 )
             for choice in chunk.choices:
                 delta = choice.delta

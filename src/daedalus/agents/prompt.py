@@ -17,14 +17,19 @@ def build_prompt(task: AgentTask) -> str:
     if task.spec.strip():
         parts += ["## Spec", task.spec.strip()]
     if task.brief.strip() and task.brief.strip() != task.spec.strip():
-        parts += ["## Brief from the lead (on a retry: why the previous attempt failed, with evidence)",
-                  task.brief.strip()]
+        parts += [
+            "## Brief from the lead (on a retry: why the previous attempt failed, with evidence)",
+            task.brief.strip(),
+        ]
     if task.constraints:
         parts += ["## Constraints", *[f"- {c}" for c in task.constraints]]
     allowed = ", ".join(task.allowed_paths)
     parts += ["## Allowed paths", f"Change only files under: {allowed}. Changes elsewhere void the attempt."]
     if task.lessons:
-        parts += [f"## Lessons recorded for {task.engine or 'this engine'}", *[f"- {x}" for x in task.lessons]]
+        parts += [
+            f"## Lessons recorded for {task.engine or 'this engine'}",
+            *[f"- {x}" for x in task.lessons],
+        ]
     parts += [
         "## When you are done",
         "Commit your change on the current branch with `git add` and `git commit` (no push). "

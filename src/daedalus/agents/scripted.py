@@ -23,7 +23,11 @@ class ScriptedAgent:
     label = LABEL
 
     async def run(
-        self, task: AgentTask, *, artifacts: Path, heartbeat: Heartbeat,
+        self,
+        task: AgentTask,
+        *,
+        artifacts: Path,
+        heartbeat: Heartbeat,
         keep_on_cancel: Callable[[], bool] = lambda: False,
     ) -> AgentResult:
         started = time.time()
@@ -55,15 +59,25 @@ class ScriptedAgent:
             patch_file.write_text(task.agent.patch)
             applied = await run_logged(
                 f"git apply --whitespace=nowarn {patch_file}",
-                cwd=worktree, log_path=log_path, timeout_s=60, heartbeat=beat,
+                cwd=worktree,
+                log_path=log_path,
+                timeout_s=60,
+                heartbeat=beat,
             )
             if applied.returncode != 0:
                 return result(ExitReason.FAILED, f"patch does not apply: {applied.tail(800)}")
         for command in task.agent.commands:
-            done = await run_logged(command, cwd=worktree, log_path=log_path, timeout_s=task.timeout_s, heartbeat=beat)
+            done = await run_logged(
+                command, cwd=worktree, log_path=log_path, timeout_s=task.timeout_s, heartbeat=beat
+            )
             if done.returncode != 0:
-                return result(ExitReason.FAILED, f"command {command!r} exited {done.returncode}: {done.tail(800)}")
-        if not wt.commit_all(worktree, f"ticket {task.ticket_id} attempt {task.attempt} (scripted)",
-                             author="daedalus-scripted"):
+                return result(
+                    ExitReason.FAILED, f"command {command!r} exited {done.returncode}: {done.tail(800)}"
+                )
+        if not wt.commit_all(
+            worktree, f"ticket {task.ticket_id} attempt {task.attempt} (scripted)", author="daedalus-scripted"
+        ):
             return result(ExitReason.NO_COMMIT, "the patch and commands changed nothing")
-        return result(ExitReason.COMMITTED, "applied the spec's patch", commit=wt.git("rev-parse", "HEAD", cwd=worktree))
+        return result(
+            ExitReason.COMMITTED, "applied the spec's patch", commit=wt.git("rev-parse", "HEAD", cwd=worktree)
+        )

@@ -104,18 +104,27 @@ class ToolLoopAgent(ABC):
         """Run the conversation to its end; returns the final text."""
 
     async def run(
-        self, task: AgentTask, *, artifacts: Path, heartbeat: Heartbeat,
+        self,
+        task: AgentTask,
+        *,
+        artifacts: Path,
+        heartbeat: Heartbeat,
         keep_on_cancel: Callable[[], bool] = lambda: False,
     ) -> AgentResult:
         started = time.time()
         transcript = Transcript(artifacts / TRANSCRIPT_FILE)
         meter = CostMeter(
-            model=self.model(task), budget_usd=task.agent.budget_usd, path=artifacts / USAGE_FILE,
+            model=self.model(task),
+            budget_usd=task.agent.budget_usd,
+            path=artifacts / USAGE_FILE,
             priced=self.priced(),
         )
         tools = ToolLoop(
-            Toolbox(Path(task.worktree), deny=self.settings.deny_commands,
-                    shell_timeout_s=self.settings.shell_timeout_s),
+            Toolbox(
+                Path(task.worktree),
+                deny=self.settings.deny_commands,
+                shell_timeout_s=self.settings.shell_timeout_s,
+            ),
             transcript,
         )
 
@@ -123,8 +132,16 @@ class ToolLoopAgent(ABC):
             if tools.refused and reason is not ExitReason.FORBIDDEN:
                 detail += f"; refused tool calls: {tools.refused}"
             transcript.write("end", reason=reason.value, detail=detail)
-            return make_result(task, label=self.label, reason=reason, meter=meter,
-                               transcript=transcript.path, detail=detail, claimed=claimed, started=started)
+            return make_result(
+                task,
+                label=self.label,
+                reason=reason,
+                meter=meter,
+                transcript=transcript.path,
+                detail=detail,
+                claimed=claimed,
+                started=started,
+            )
 
         try:
             self.check_config(task)
@@ -157,6 +174,11 @@ class ToolLoopAgent(ABC):
             with contextlib.suppress(asyncio.CancelledError):
                 await ticker
         if final is None:
-            return result(ExitReason.FAILED, f"{self.name} hit the turn limit ({task.max_turns}) without finishing")
-        return result(ExitReason.COMMITTED, f"{self.name} finished in {meter.turns} turns",
-                      claimed=claimed_success(final))
+            return result(
+                ExitReason.FAILED, f"{self.name} hit the turn limit ({task.max_turns}) without finishing"
+            )
+        return result(
+            ExitReason.COMMITTED,
+            f"{self.name} finished in {meter.turns} turns",
+            claimed=claimed_success(final),
+        )

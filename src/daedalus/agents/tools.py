@@ -83,7 +83,8 @@ def openai_tools() -> list[dict[str, Any]]:
 
 def anthropic_tools() -> list[dict[str, Any]]:
     return [
-        {"name": s["name"], "description": s["description"], "input_schema": s["parameters"]} for s in TOOL_SPECS
+        {"name": s["name"], "description": s["description"], "input_schema": s["parameters"]}
+        for s in TOOL_SPECS
     ]
 
 
@@ -129,7 +130,9 @@ class Toolbox:
                     try:
                         self.resolve(token)
                     except PathEscape as error:
-                        raise ForbiddenCommand(f"command {command!r} names a path outside the worktree: {error}") from None
+                        raise ForbiddenCommand(
+                            f"command {command!r} names a path outside the worktree: {error}"
+                        ) from None
 
     async def call(self, name: str, arguments: str | dict[str, Any]) -> str:
         """Run one tool call; raises ToolError with a message meant for the model."""
@@ -177,14 +180,22 @@ class Toolbox:
             raise ToolError("`command` must not be empty")
         self.check_command(command)
         env = {
-            **os.environ, "GIT_TERMINAL_PROMPT": "0",
+            **os.environ,
+            "GIT_TERMINAL_PROMPT": "0",
             # Commits made through the shell tool need an identity, and must not borrow the host user's.
-            "GIT_AUTHOR_NAME": "daedalus-agent", "GIT_AUTHOR_EMAIL": "agent@daedalus.local",
-            "GIT_COMMITTER_NAME": "daedalus-agent", "GIT_COMMITTER_EMAIL": "agent@daedalus.local",
+            "GIT_AUTHOR_NAME": "daedalus-agent",
+            "GIT_AUTHOR_EMAIL": "agent@daedalus.local",
+            "GIT_COMMITTER_NAME": "daedalus-agent",
+            "GIT_COMMITTER_EMAIL": "agent@daedalus.local",
         }
         process = await asyncio.create_subprocess_shell(
-            command, cwd=self.root, env=env, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+            command,
+            cwd=self.root,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
         )
         try:
             out, _ = await asyncio.wait_for(process.communicate(), timeout=self.shell_timeout_s)

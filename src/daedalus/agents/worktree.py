@@ -13,7 +13,9 @@ class GitError(RuntimeError):
 def git(*args: str, cwd: Path | str) -> str:
     result = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        raise GitError(f"git {' '.join(args)} failed in {cwd}: {result.stderr.strip() or result.stdout.strip()}")
+        raise GitError(
+            f"git {' '.join(args)} failed in {cwd}: {result.stderr.strip() or result.stdout.strip()}"
+        )
     return result.stdout.strip()
 
 
@@ -27,9 +29,12 @@ def prepare_worktree(*, repo: Path, base_commit: str, worktree: Path, branch: st
     if worktree.exists() and (worktree / ".git").exists():
         return base
     worktree.parent.mkdir(parents=True, exist_ok=True)
-    exists = subprocess.run(
-        ["git", "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}"], cwd=repo, capture_output=True
-    ).returncode == 0
+    exists = (
+        subprocess.run(
+            ["git", "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}"], cwd=repo, capture_output=True
+        ).returncode
+        == 0
+    )
     if exists:
         git("worktree", "add", str(worktree), branch, cwd=repo)
     else:
@@ -65,7 +70,15 @@ def commit_all(worktree: Path, message: str, *, author: str = "daedalus") -> boo
     if not git("status", "--porcelain", cwd=worktree):
         return False
     git(
-        "-c", f"user.name={author}", "-c", f"user.email={author}@daedalus.local",
-        "commit", "-q", "--no-verify", "-m", message, cwd=worktree,
+        "-c",
+        f"user.name={author}",
+        "-c",
+        f"user.email={author}@daedalus.local",
+        "commit",
+        "-q",
+        "--no-verify",
+        "-m",
+        message,
+        cwd=worktree,
     )
     return True

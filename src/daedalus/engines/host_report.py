@@ -59,7 +59,10 @@ def earlyoom_thresholds(args: list[str]) -> dict[str, str]:
 def oomd_thresholds(etc_root: Path) -> dict[str, str]:
     """systemd-oomd's limits from oomd.conf and its drop-ins (later files win, as systemd reads them)."""
     found: dict[str, str] = {}
-    files = [etc_root / "systemd" / "oomd.conf", *sorted((etc_root / "systemd" / "oomd.conf.d").glob("*.conf"))]
+    files = [
+        etc_root / "systemd" / "oomd.conf",
+        *sorted((etc_root / "systemd" / "oomd.conf.d").glob("*.conf")),
+    ]
     for path in files:
         with contextlib.suppress(OSError):
             for line in path.read_text().splitlines():
@@ -86,7 +89,10 @@ def _processes(inp: HostReportInput) -> list[InvisiblePlayer]:
                 thresholds = _earlyoom_defaults(inp.etc_root)
             players.append(
                 InvisiblePlayer(
-                    kind="earlyoom", source=f"pid {proc_dir.name}", detail=shlex.join(args), thresholds=thresholds
+                    kind="earlyoom",
+                    source=f"pid {proc_dir.name}",
+                    detail=shlex.join(args),
+                    thresholds=thresholds,
                 )
             )
         elif exe == "systemd-oomd":
@@ -131,7 +137,9 @@ def _swapoff_crons(inp: HostReportInput) -> list[InvisiblePlayer]:
         for number, line in enumerate(lines, start=1):
             stripped = line.strip()
             if stripped and not stripped.startswith("#") and re.search(r"\bswapoff\b", stripped):
-                players.append(InvisiblePlayer(kind="swapoff-cron", source=f"{path}:{number}", detail=stripped))
+                players.append(
+                    InvisiblePlayer(kind="swapoff-cron", source=f"{path}:{number}", detail=stripped)
+                )
     return players
 
 

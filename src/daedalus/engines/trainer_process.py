@@ -120,11 +120,15 @@ def resolve_command(command: list[str], cwd: Path, env: dict[str, str]) -> str:
     if os.sep in exe:
         path = (cwd / exe) if not os.path.isabs(exe) else Path(exe)
         if not path.is_file() or not os.access(path, os.X_OK):
-            raise TrainingInputError(f"the trainer command {exe!r} is not an executable file (looked at {path})")
+            raise TrainingInputError(
+                f"the trainer command {exe!r} is not an executable file (looked at {path})"
+            )
         return str(path)
     found = shutil.which(exe, path=env.get("PATH", os.environ.get("PATH", "")))
     if found is None:
-        raise TrainingInputError(f"the trainer command {exe!r} is not on PATH; give an absolute path or fix PATH")
+        raise TrainingInputError(
+            f"the trainer command {exe!r} is not on PATH; give an absolute path or fix PATH"
+        )
     return found
 
 
@@ -136,7 +140,9 @@ def check_writable_dir(path: Path, what: str) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise TrainingInputError(f"the {what} {path} is not writable ({exc.strerror}); fix its permissions") from exc
+        raise TrainingInputError(
+            f"the {what} {path} is not writable ({exc.strerror}); fix its permissions"
+        ) from exc
 
 
 def launch(
@@ -262,7 +268,8 @@ def keeper_main(argv: list[str] | None = None) -> int:
     )
     returncode = trainer.wait()
     write_json_atomic(
-        run_dir / EXIT_FILE, {"returncode": returncode, "ended_at": datetime.now(UTC).isoformat(), "error": None}
+        run_dir / EXIT_FILE,
+        {"returncode": returncode, "ended_at": datetime.now(UTC).isoformat(), "error": None},
     )
     return 0
 

@@ -185,7 +185,10 @@ def read_curve(path: Path) -> Iterator[Sample]:
                 continue  # a line torn by a kill mid-write
             try:
                 yield Sample(
-                    float(row[0]), int(row[1]), float(row[2]) if row[2] else None, int(row[3]) if row[3] else None
+                    float(row[0]),
+                    int(row[1]),
+                    float(row[2]) if row[2] else None,
+                    int(row[3]) if row[3] else None,
                 )
             except ValueError:
                 continue
@@ -329,7 +332,9 @@ class Supervisor:
             marker=f"{self.spec.name}#{self.inp.incarnation}",
         )
         record = await asyncio.to_thread(tp.wait_for_record, self.run_dir, LAUNCH_WAIT_S)
-        log.info("trainer started", run=self.spec.name, incarnation=self.inp.incarnation, pid=record and record.pid)
+        log.info(
+            "trainer started", run=self.spec.name, incarnation=self.inp.incarnation, pid=record and record.pid
+        )
         return record, False
 
     def _write_oom_baseline(self) -> None:
@@ -536,7 +541,11 @@ def classify(
         sig = "SIGKILL" if returncode == 137 else "SIGTERM"  # 128 + n, as a shell reports a killed child
     how = f"exit code {returncode}" if sig is None else f"killed by {sig}"
     if stop is not None:
-        cls = DeathClass.REQUESTED_STOP if stop in (StopReason.REQUESTED, StopReason.CANCELLED) else DeathClass.WATCHDOG_STOP
+        cls = (
+            DeathClass.REQUESTED_STOP
+            if stop in (StopReason.REQUESTED, StopReason.CANCELLED)
+            else DeathClass.WATCHDOG_STOP
+        )
         return cls, sig, f"our graceful stop ({stop.value}); {how}"
     if returncode is None:
         return DeathClass.LOST, None, "the trainer is gone and its exit status was not recorded"
@@ -545,7 +554,11 @@ def classify(
     if sig == "SIGKILL":
         return DeathClass.KERNEL_OOM, sig, "SIGKILL with no stop of ours (kernel OOM killer, presumed)"
     if sig == "SIGTERM":
-        return DeathClass.OUTSIDE_SIGTERM, sig, "SIGTERM from someone else (earlyoom? systemd-oomd? a person?)"
+        return (
+            DeathClass.OUTSIDE_SIGTERM,
+            sig,
+            "SIGTERM from someone else (earlyoom? systemd-oomd? a person?)",
+        )
     if sig is not None:
         return DeathClass.OUTSIDE_SIGNAL, sig, f"{how}, not sent by us"
     if returncode == 0:

@@ -29,7 +29,9 @@ class AgentTask(Model):
     constraints: list[str] = Field(default_factory=list)
     lessons: list[str] = Field(default_factory=list, description="lessons recorded for this engine")
     engine: str = ""
-    idle_timeout_s: int = Field(default=600, gt=0, description="kill the agent after this long without an event")
+    idle_timeout_s: int = Field(
+        default=600, gt=0, description="kill the agent after this long without an event"
+    )
     max_turns: int = Field(default=40, ge=1)
 
 

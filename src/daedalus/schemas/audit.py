@@ -67,7 +67,8 @@ class AuditRecord(Model):
 
     event: AuditEvent
     ticket: TicketSnapshot | None = Field(
-        default=None, description="the ticket projection after this event; None for non-ticket subjects (training runs)"
+        default=None,
+        description="the ticket projection after this event; None for non-ticket subjects (training runs)",
     )
     decision_request: DecisionRequest | None = None
     decision: Decision | None = None
