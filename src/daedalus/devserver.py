@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -11,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 from types import TracebackType
+
+from temporalio.client import Client
 
 from daedalus.schemas.search_attributes import SEARCH_ATTRIBUTES
 
@@ -100,7 +103,26 @@ class DevServer:
                     f"temporal dev server did not listen on {self.port} within {timeout_s:.0f}s"
                 )
             time.sleep(0.1)
+        self._wait_until_healthy(deadline)
         return self
+
+    def _wait_until_healthy(self, deadline: float) -> None:
+        """The port opens before the frontend serves ("Frontend is not healthy yet"): wait for a real client."""
+
+        async def probe() -> None:
+            while True:
+                try:
+                    await Client.connect(self.address)
+                    return
+                except RuntimeError as error:
+                    if time.monotonic() > deadline:
+                        self.stop()
+                        raise DevServerError(
+                            f"temporal dev server on {self.port} never became healthy: {error}"
+                        ) from error
+                    await asyncio.sleep(0.2)
+
+        asyncio.run(probe())
 
     def stop(self, grace_s: float = 10.0) -> None:
         if self.process is None or self.process.poll() is not None:

@@ -1,4 +1,4 @@
-"""POST /slack/interactions: a decision button click. Verify the signature, answer Slack at once, then apply
+"""POST /slack/interactions (the API side of Slack approvals): a decision button click. Verify the signature, answer Slack at once, then apply
 the decision through the ticket's `decide` update and tell the clicker the outcome through the response_url."""
 
 from __future__ import annotations
