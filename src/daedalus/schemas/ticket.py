@@ -232,6 +232,17 @@ class DecisionRequest(Model):
     requested_at: datetime
     reminders_sent: int = 0
 
+    def refusal(self, decision: Decision, subject: str) -> str | None:
+        """Why `decision` cannot answer this request (the `decide` validators' message), or None if it can."""
+        if decision.request_id != self.id:
+            return f"unknown decision request {decision.request_id!r}; the pending one is {self.id!r}"
+        if decision.option not in self.options:
+            return f"unknown option {decision.option!r} for {self.id}; choose one of {self.options}"
+        allowed = [*self.deciders, *(d for d in self.delegates if d not in self.deciders)]
+        if decision.decided_by.lower() not in allowed:
+            return f"{decision.decided_by} may not decide {self.kind.value} for {subject}; allowed: {allowed}"
+        return None
+
 
 class Decision(Model):
     """An answer to a DecisionRequest, from any channel (CLI, HTTP, Slack, bot)."""

@@ -133,20 +133,9 @@ class TicketWorkflow:
             raise ValueError(
                 f"ticket {self.spec.id} is not waiting for a decision (status: {self.status.value})"
             )
-        if decision.request_id != request.id:
-            raise ValueError(
-                f"unknown decision request {decision.request_id!r}; the pending one is {request.id!r}"
-            )
-        if decision.option not in request.options:
-            raise ValueError(
-                f"unknown option {decision.option!r} for {request.id}; choose one of {request.options}"
-            )
-        if not self._may_decide(request.kind, decision.decided_by):
-            allowed = self._allowed(request.kind)
-            raise ValueError(
-                f"{decision.decided_by} may not decide {request.kind.value} for ticket {self.spec.id}; "
-                f"allowed: {allowed}"
-            )
+        refusal = request.refusal(decision, f"ticket {self.spec.id}")
+        if refusal is not None:
+            raise ValueError(refusal)
 
     @workflow.update
     async def delegate(self, delegation: Delegation) -> list[str]:
@@ -573,9 +562,6 @@ class TicketWorkflow:
 
     def _allowed(self, kind: DecisionKind) -> list[str]:
         return self.spec.approval.deciders + self.delegates.get(kind.value, [])
-
-    def _may_decide(self, kind: DecisionKind, who: str) -> bool:
-        return who.lower() in self._allowed(kind)
 
     # ---- bookkeeping ---------------------------------------------------------------------------------
 

@@ -132,19 +132,9 @@ class TrainingRunWorkflow:
             raise ValueError(
                 f"training run {self.spec.name} is not waiting for a decision ({self.c.state.value})"
             )
-        if decision.request_id != request.id:
-            raise ValueError(
-                f"unknown decision request {decision.request_id!r}; the pending one is {request.id!r}"
-            )
-        if decision.option not in request.options:
-            raise ValueError(
-                f"unknown option {decision.option!r} for {request.id}; choose one of {request.options}"
-            )
-        if not self.spec.approval.may_decide(request.kind, decision.decided_by):
-            allowed = sorted({*request.deciders, *request.delegates})
-            raise ValueError(
-                f"{decision.decided_by} may not decide {request.kind.value} for run {self.spec.name}; allowed: {allowed}"
-            )
+        refusal = request.refusal(decision, f"run {self.spec.name}")
+        if refusal is not None:
+            raise ValueError(refusal)
 
     @workflow.update
     def stop(self, request: StopTraining) -> TrainingRunStatus:
