@@ -28,10 +28,6 @@ class CodingAgent(Protocol):
     ) -> AgentResult: ...
 
 
-class AgentUnavailable(RuntimeError):
-    pass
-
-
 def agent_for(spec: AgentSpec, settings: AgentSettings | None = None) -> CodingAgent:
     """The agent a spec names. Imports are deferred: the SDKs cost seconds that a CLI start should not pay."""
     settings = settings or AgentSettings()
