@@ -57,7 +57,10 @@ def kill_group(pid: int, grace_s: float = 3.0) -> None:
 
 def write_pidfile(path: Path, pid: int) -> None:
     """Record a process group leader with its start time, so a later reader cannot mistake a reused pid."""
-    started = psutil.Process(pid).create_time()
+    try:
+        started = psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return  # it already ended (a fast command on a busy machine): nothing is left to guard against
     path.write_text(json.dumps({"pid": pid, "create_time": started}))
 
 

@@ -109,7 +109,8 @@ def test_test_count_reads_pytest_summary(tmp_path) -> None:  # type: ignore[no-u
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     measurement = GateMeasurement.model_validate_json(done.stdout.strip().splitlines()[-1])
-    assert measurement.samples == [1.0] and measurement.evidence["failed"] == "1"
+    assert measurement.samples == [0.0] and measurement.evidence == {"passed": "1", "failed": "1"}
+    assert measure("===== 27 passed in 3.1s =====", 0).samples == [27.0]
     assert measure("Segmentation fault", 139).invalid_reason is not None
 
 

@@ -273,3 +273,26 @@ def test_a_failed_write_leaves_nothing_half_made(store_engine: Engine) -> None:
     assert count(store_engine, AuditEventRow) == 0 and count(store_engine, TicketRow) == 0
     assert write(store_engine, rec)  # the retry writes it, once
     assert count(store_engine, AuditEventRow) == 1 and count(store_engine, TicketRow) == 1
+
+
+def test_closing_withdraws_the_requests_nobody_answered(store_engine: Engine) -> None:
+    request = DecisionRequest(
+        id="4-dispatch-1",
+        ticket_id="4",
+        kind=DecisionKind.DISPATCH,
+        question="Dispatch ticket 4?",
+        options=["approve", "reject"],
+        deciders=["wayne"],
+        requested_at=T0,
+    )
+    write(
+        store_engine,
+        record(1, status="awaiting_approval", kind=AuditKind.DECISION_REQUESTED, decision_request=request),
+    )
+    with session_scope(store_engine) as session:
+        assert [r.request_id for r in queries.decisions(session=session, pending=True)] == ["4-dispatch-1"]
+    write(store_engine, record(2, status="cancelled", actor="wayne"))
+    with session_scope(store_engine) as session:
+        assert queries.decisions(session=session, pending=True) == []
+        [row] = queries.decisions(session=session, ticket_id="4")
+    assert row.option is None and row.note.startswith("withdrawn")

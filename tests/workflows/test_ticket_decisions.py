@@ -195,6 +195,16 @@ async def test_validator_rejections_are_clear_and_write_nothing(
             daedalus.amend(temporal_client, spec.id, SpecAmendment(amended_by="wayne")),
             "an amendment must change",
         )
+        await refused(
+            daedalus.amend(temporal_client, spec.id, SpecAmendment(amended_by="mallory", max_attempts=9)),
+            "mallory may not amend",
+        )
+        await refused(
+            daedalus.cancel(
+                temporal_client, spec.id, CancelRequest(requested_by="mallory", reason="mine now")
+            ),
+            "mallory may not cancel",
+        )
         with pytest.raises(TicketError, match="is not a decision request id"):
             await daedalus.decide(
                 temporal_client, Decision(request_id="approve-it", option="approve", decided_by="wayne")

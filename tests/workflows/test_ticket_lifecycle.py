@@ -44,7 +44,10 @@ async def test_failed_gate_retries_with_evidence_then_escalates(
     host = f"h-{task_queue[-8:]}"
     slow_patch = "--- a/speed.txt\n+++ b/speed.txt\n@@ -1 +1 @@\n-28.9\n+40.0\n"
     spec = ticket_spec(
-        make_engine_repo(tmp_path / "repo"), host, agent={"name": "scripted", "patch": slow_patch}, max_attempts=3
+        make_engine_repo(tmp_path / "repo"),
+        host,
+        agent={"name": "scripted", "patch": slow_patch},
+        max_attempts=3,
     )
     async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
         handle = await start_ticket(temporal_client, spec, task_queue)
@@ -56,7 +59,8 @@ async def test_failed_gate_retries_with_evidence_then_escalates(
         assert [a.outcome for a in state.attempts] == [AttemptOutcome.GATES_FAILED] * 2
         assert "decode: FAIL" in state.attempts[0].detail
         await handle.execute_update(
-            TicketWorkflow.decide, Decision(request_id=request.id, option="stop", decided_by="wayne", note="rules")
+            TicketWorkflow.decide,
+            Decision(request_id=request.id, option="stop", decided_by="wayne", note="rules"),
         )
         final = await handle.result()
     assert final.status is TicketStatus.STOPPED_BY_RULES
@@ -86,7 +90,9 @@ async def test_exception_gate_closes_under_exception(
     import subprocess
 
     subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "batch"], cwd=repo, check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "batch"], cwd=repo, check=True
+    )
     spec = ticket_spec(repo, host, gates=gates, exception_gates=["batch8-vs-ar"])
     async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
         state = await (await start_ticket(temporal_client, spec, task_queue)).result()

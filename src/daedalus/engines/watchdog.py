@@ -417,8 +417,8 @@ class Supervisor:
         from temporalio import activity
 
         details = activity.cancellation_details() if activity.in_activity() else None
-        if details is not None and (details.worker_shutdown or details.paused):
-            return
+        if details is not None and not details.cancel_requested:
+            return  # worker shutdown, pause, heartbeat timeout: the trainer keeps running for a re-attach
         await asyncio.shield(self._graceful_stop(record, StopReason.CANCELLED))
 
     # Deaths -------------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
     python -m daedalus.gates.test_count -- python -m pytest tests/spec_decode -q
 
-The sample is the number of passed tests; failures and errors are evidence. A run whose output has no
+The sample is the number of passed tests in a run without failures or errors (any failure makes it 0);
+the counts are evidence. A run whose output has no
 summary line (the runner crashed, or collected nothing) is INVALID, never a FAIL.
 """
 
@@ -34,11 +35,11 @@ def measure(output: str, returncode: int) -> GateMeasurement:
             invalid_reason=f"no test summary line in the output (exit {returncode}); did the runner crash?",
         )
     evidence = {word: str(number) for word, number in counts.items()}
+    # A run with failures or errors passes no regression gate: "27 passed, 3 failed" counts as 0, not 27.
+    broken = counts.get("failed", 0) + counts.get("error", 0)
+    passed = 0 if broken else counts.get("passed", 0)
     return GateMeasurement(
-        samples=[float(counts.get("passed", 0))],
-        unit="tests",
-        method="test runner summary",
-        evidence=evidence,
+        samples=[float(passed)], unit="tests", method="test runner summary", evidence=evidence
     )
 
 

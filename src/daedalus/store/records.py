@@ -3,9 +3,9 @@
 from datetime import datetime
 
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
-from daedalus.schemas.audit import AuditRecord
+from daedalus.schemas.audit import AuditEvent, AuditKind, AuditRecord
 from daedalus.schemas.ticket import TicketStatus
 from daedalus.store.tables import AuditEventRow, DecisionRow, TicketRow, VerdictRow
 
@@ -13,14 +13,13 @@ from daedalus.store.tables import AuditEventRow, DecisionRow, TicketRow, Verdict
 def apply(*, session: Session, record: AuditRecord) -> bool:
     """Write the record's event, projection, decision and verdicts. False if it was already written."""
     event = record.event
-    existing = session.exec(
-        select(AuditEventRow.id).where(AuditEventRow.run_id == event.run_id, AuditEventRow.seq == event.seq)
-    ).first()
-    if existing is not None:
+    if _written(session, event):
         return False
     session.add(AuditEventRow(**event.model_dump()))
     _project_ticket(session, record)
     _record_decision(session, record)
+    if record.ticket is None and event.kind is AuditKind.CLOSED:
+        _withdraw_pending(session, event.ticket_id, event.at)
     for result in record.gate_results:
         session.add(
             VerdictRow(
@@ -36,10 +35,18 @@ def apply(*, session: Session, record: AuditRecord) -> bool:
     try:
         session.flush()
     except IntegrityError:
-        # A concurrent retry of the same activity won the race: its write is ours.
         session.rollback()
-        return False
+        if _written(session, event):
+            return False  # a concurrent retry of the same activity won the race: its write is ours
+        raise
     return True
+
+
+def _written(session: Session, event: AuditEvent) -> bool:
+    query = select(AuditEventRow.id).where(
+        AuditEventRow.run_id == event.run_id, AuditEventRow.seq == event.seq
+    )
+    return session.exec(query).first() is not None
 
 
 def _project_ticket(session: Session, record: AuditRecord) -> None:
@@ -67,6 +74,7 @@ def _project_ticket(session: Session, record: AuditRecord) -> None:
         _update(row, values, snapshot.spec, event.at, event.seq)
     if TicketStatus(snapshot.status).is_closed and row.closed_at is None:
         row.closed_at = event.at
+        _withdraw_pending(session, snapshot.ticket_id, event.at)
 
 
 def _update(
@@ -77,6 +85,15 @@ def _update(
     if spec is not None:
         row.spec = spec
     row.updated_at, row.last_seq = at, seq
+
+
+def _withdraw_pending(session: Session, subject: str, at: datetime) -> None:
+    """A subject that closed answers nothing more: its unanswered requests stop counting as waiting."""
+    query = select(DecisionRow).where(
+        col(DecisionRow.request_id).startswith(f"{subject}-"), col(DecisionRow.decided_at).is_(None)
+    )
+    for row in session.exec(query):
+        row.note, row.decided_at = "withdrawn: closed without an answer", at
 
 
 def _record_decision(session: Session, record: AuditRecord) -> None:

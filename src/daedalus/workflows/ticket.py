@@ -129,7 +129,7 @@ class TicketWorkflow:
     @decide.validator
     def _validate_decide(self, decision: Decision) -> None:
         request = self.pending
-        if request is None:
+        if request is None or self._answer is not None:
             raise ValueError(
                 f"ticket {self.spec.id} is not waiting for a decision (status: {self.status.value})"
             )
@@ -188,6 +188,7 @@ class TicketWorkflow:
     @amend.validator
     def _validate_amend(self, amendment: SpecAmendment) -> None:
         self._require_open()
+        self._require_decider(amendment.amended_by, "amend")
         if amendment.spec is None and amendment.constraints is None and amendment.max_attempts is None:
             raise ValueError("an amendment must change the spec text, the constraints or max_attempts")
         if amendment.max_attempts is not None and amendment.max_attempts < len(self.attempts):
@@ -206,6 +207,13 @@ class TicketWorkflow:
     @cancel.validator
     def _validate_cancel(self, request: CancelRequest) -> None:
         self._require_open()
+        self._require_decider(request.requested_by, "cancel")
+
+    def _require_decider(self, who: str, action: str) -> None:
+        """Amending or cancelling takes a decider of the ticket, or someone they delegated a decision to."""
+        allowed = [*self.spec.approval.deciders, *(p for people in self.delegates.values() for p in people)]
+        if who.lower() not in allowed:
+            raise ValueError(f"{who} may not {action} ticket {self.spec.id}; allowed: {sorted(set(allowed))}")
 
     def _require_open(self) -> None:
         if self.status.is_closed:
@@ -279,12 +287,18 @@ class TicketWorkflow:
 
     async def _judge_without_agent(self) -> tuple[TicketStatus, str]:
         """An umbrella ticket passes on its children; one with gates but no agent measures as it stands."""
-        if self.spec.gates:
-            summary = AttemptSummary(number=1, branch="", outcome=AttemptOutcome.COMMITTED)
+        while self.spec.gates:
+            summary = AttemptSummary(
+                number=len(self.attempts) + 1, branch="", outcome=AttemptOutcome.COMMITTED
+            )
             self.attempts.append(summary)
             decided = await self._gate_and_decide(summary, commit="")
-            # With no agent there is nobody to retry: the measurement is the outcome.
-            return decided or (TicketStatus.FAILED, f"gates did not pass: {self.attempts[-1].detail}")
+            if decided is not None:
+                return decided
+            if any(r.verdict is Verdict.FAIL for r in self.attempts[-1].gate_results):
+                # With no agent there is nobody to fix it: the measurement is the outcome.
+                return TicketStatus.FAILED, f"gates did not pass: {self.attempts[-1].detail}"
+            # Undecided gates, and the decider chose "retry": measure again.
         not_passed = {c: s.value for c, s in self.children.items() if s is not TicketStatus.PASSED}
         if not not_passed:
             return TicketStatus.PASSED, "all sub-tickets passed"

@@ -128,7 +128,7 @@ class TrainingRunWorkflow:
     @decide.validator
     def _validate_decide(self, decision: Decision) -> None:
         request = self.c.pending_decision
-        if request is None:
+        if request is None or self.answer is not None:
             raise ValueError(
                 f"training run {self.spec.name} is not waiting for a decision ({self.c.state.value})"
             )
