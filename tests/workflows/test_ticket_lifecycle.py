@@ -1,12 +1,14 @@
 """TicketWorkflow end to end on the real dev server, with real git worktrees and real gate commands."""
 
+import subprocess
 from pathlib import Path
 
 from sqlalchemy import Engine
 from temporalio.client import Client
 
+from daedalus import client as daedalus
 from daedalus.schemas.gates import Verdict
-from daedalus.schemas.ticket import AttemptOutcome, Decision, TicketStatus
+from daedalus.schemas.ticket import AttemptOutcome, Decision, TicketState, TicketStatus
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 from daedalus.workflows.ticket import TicketWorkflow
@@ -99,3 +101,30 @@ async def test_exception_gate_closes_under_exception(
     assert state.status is TicketStatus.CLOSED_UNDER_EXCEPTION, state.outcome_reason
     verdicts = {r.gate: r.verdict for r in state.attempts[0].gate_results}
     assert verdicts == {"single-user": Verdict.PASS, "batch8-vs-ar": Verdict.FAIL}
+
+
+async def test_a_refiled_ticket_runs_its_agent_again_and_keeps_the_earlier_attempt(
+    temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
+) -> None:
+    host = f"h-{task_queue[-8:]}"
+    repo = make_engine_repo(tmp_path / "repo")
+    spec = ticket_spec(repo, host)
+    async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
+        first = await daedalus.file_ticket(temporal_client, spec, queue=task_queue)
+        assert (await first.result()).status is TicketStatus.PASSED
+        second = await daedalus.file_ticket(temporal_client, spec, queue=task_queue)
+        state: TicketState = TicketState.model_validate(await second.result())
+    assert state.status is TicketStatus.PASSED
+    tickets = tmp_path / "artifacts" / "tickets" / spec.id
+    earlier = first.result_run_id or ""
+    assert (tickets / "attempt-1" / "filing").read_text() == second.result_run_id
+    assert (tickets / f"attempt-1.{earlier[:8]}" / "result.json").exists()  # set aside, not overwritten
+    branches = subprocess.run(
+        ["git", "branch", "--list", "daedalus/*"], cwd=repo, capture_output=True, text=True
+    )
+    assert f"daedalus/{spec.id}/attempt-1.{earlier[:8]}" in branches.stdout
+    with session_scope(sqlite_engine) as session:
+        attempts = [
+            e for e in queries.audit_events(session=session, ticket_id=spec.id) if e.kind == "attempt"
+        ]
+    assert len(attempts) == 2 and all("committed" in e.summary for e in attempts)

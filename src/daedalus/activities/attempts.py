@@ -41,6 +41,10 @@ class AttemptActivities:
             raise ApplicationError(f"ticket {spec.id} has no agent or engine to attempt", non_retryable=True)
         check_allowed_paths(spec.allowed_paths)
         settings = self.settings or AgentSettings()
+        if spec.engine is not None and request.filing:
+            self.workspace.claim(
+                spec.id, request.attempt, request.filing, Path(spec.engine.repo).expanduser()
+            )
         artifacts = self.workspace.attempt_artifacts(spec.id, request.attempt)
         result_file = artifacts / RESULT_FILE
         if result_file.exists():

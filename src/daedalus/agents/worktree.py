@@ -29,17 +29,16 @@ def prepare_worktree(*, repo: Path, base_commit: str, worktree: Path, branch: st
     if worktree.exists() and (worktree / ".git").exists():
         return base
     worktree.parent.mkdir(parents=True, exist_ok=True)
-    exists = (
-        subprocess.run(
-            ["git", "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}"], cwd=repo, capture_output=True
-        ).returncode
-        == 0
-    )
-    if exists:
+    if branch_exists(repo, branch):
         git("worktree", "add", str(worktree), branch, cwd=repo)
     else:
         git("worktree", "add", "-b", branch, str(worktree), base, cwd=repo)
     return base
+
+
+def branch_exists(repo: Path, branch: str) -> bool:
+    probe = ["git", "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}"]
+    return subprocess.run(probe, cwd=repo, capture_output=True).returncode == 0
 
 
 def commits_since(worktree: Path, base: str) -> list[str]:

@@ -11,6 +11,10 @@ class AttemptInput(Model):
     spec: TicketSpec
     attempt: int = Field(ge=1)
     brief: str
+    filing: str = Field(
+        default="",
+        description="the ticket workflow's first run id: a re-filed ticket id starts its attempts afresh",
+    )
 
 
 class BuildInput(Model):

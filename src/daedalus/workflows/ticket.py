@@ -327,7 +327,12 @@ class TicketWorkflow:
         )
         result = await self._on_host(
             "run_attempt",
-            AttemptInput(spec=spec, attempt=number, brief=self._brief(number)),
+            AttemptInput(
+                spec=spec,
+                attempt=number,
+                brief=self._brief(number),
+                filing=workflow.info().first_execution_run_id,
+            ),
             AgentResult,
             timedelta(hours=6),
         )
