@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -68,9 +67,6 @@ class RunningRecord:
             )
         except psutil.Error:
             return False
-
-    def is_this_worker(self) -> bool:
-        return self.kind == "worker" and self.pid == os.getpid()
 
 
 class Throttle:

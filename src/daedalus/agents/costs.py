@@ -91,12 +91,6 @@ class CostMeter:
         self.turns += turns
         self._after_update()
 
-    def set_provider_cost(self, cost_usd: float, *, turns: int | None = None) -> None:
-        self.provider_cost = cost_usd
-        if turns is not None:
-            self.turns = turns
-        self._after_update()
-
     def set_totals(self, *, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0) -> None:
         """The provider's own totals replace what was added up from the stream."""
         self.reported = True

@@ -101,10 +101,6 @@ class ApprovalPolicy(Model):
                 raise ValueError(f"cannot delegate unknown decision kind {kind!r}; known: {sorted(known)}")
         return {k: [n.lower() for n in v] for k, v in delegates.items()}
 
-    def may_decide(self, kind: DecisionKind, who: str) -> bool:
-        who = who.lower()
-        return who in self.deciders or who in self.delegates.get(kind.value, [])
-
 
 class DecisionKind(StrEnum):
     DISPATCH = "dispatch"
