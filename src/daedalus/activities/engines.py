@@ -175,7 +175,7 @@ async def _probe(
     baseline: LlamaCppPreset | None,
     build: LlamaBuild,
     workdir: Path,
-) -> tuple[bool, str, str]:
+) -> tuple[bool | None, str, str]:
     model = request.model
     if request.probe is ProbeKind.TEMP0_IDENTITY:
         assert baseline is not None
@@ -193,7 +193,7 @@ async def _probe(
         corpus = request.corpus or write_corpus(workdir / "corpus.txt")
         ppl = await perplexity_delta(build, preset, baseline, model, corpus, workdir)
         head = f"PPL {ppl.ppl:.4f} vs {ppl.baseline_ppl:.4f}: dPPL {ppl.delta_pct:+.2f}% +/- {ppl.delta_err_pct:.2f}%"
-        return True, head, ppl.model_dump_json(indent=2)
+        return None, head, ppl.model_dump_json(indent=2)
     async with launched(preset, model, workdir / "garbage", build=build) as server:
         side = Side(name=preset.name, server=server)
         bench = await benchmark(side, Workload(rounds=1, warmup_rounds=0, max_tokens=64), run_id=request.run_id,

@@ -104,7 +104,8 @@ def _from_bench(metric: Metric, bench: BenchResult, artifact: Path) -> GateMeasu
     invalid = "; ".join(bench.invalid_reasons) or None
     if metric is Metric.PREEMPTIONS:
         return GateMeasurement(samples=[float(bench.preemptions)], unit="requests", method="benchmark",
-                               evidence=evidence, invalid_reason=invalid if bench.failed_requests else None)  # fmt: skip
+                               evidence=evidence, invalid_reason=invalid,
+                               failed_requests=bench.failed_requests)  # fmt: skip
     samples = _series(bench.results[0], metric, bench)
     baseline = _series(bench.baseline_results[0], metric, bench) if bench.baseline_results else None
     if not samples:
@@ -165,12 +166,16 @@ async def measure(
         cap = await capacity(preset, model, workdir, build, baseline=baseline)  # type: ignore[arg-type]
         artifact = workdir / "capacity.json"
         artifact.write_text(cap.model_dump_json(indent=2))
-        value = {Metric.KIB_PER_TOKEN: cap.kib_per_token, Metric.COMPRESSION: cap.compression or 0.0,
-                 Metric.KV_POOL_TOKENS: float(cap.pool_tokens or 0)}[metric]  # fmt: skip
+        measured = {Metric.KIB_PER_TOKEN: cap.kib_per_token, Metric.COMPRESSION: cap.compression,
+                    Metric.KV_POOL_TOKENS: cap.pool_tokens}[metric]  # fmt: skip
+        # An unmeasurable value (no RSS difference, no KV line in the log) is a broken measurement, not a 0.
+        invalid = None if measured is not None else f"{metric.value} could not be measured; see {artifact}"
+        value = float(measured or 0.0)
         unit = {Metric.KIB_PER_TOKEN: "KiB/token", Metric.COMPRESSION: "x", Metric.KV_POOL_TOKENS: "tokens"}[
             metric
         ]
         return GateMeasurement(samples=[value], unit=unit, method="capacity by difference (RSS)",
+                               invalid_reason=invalid,
                                evidence={"artifact": str(artifact),
                                          "reported_kib_per_token": str(cap.kib_per_token_reported)})  # fmt: skip
     if metric is Metric.CONCURRENT_USERS:

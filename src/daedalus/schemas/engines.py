@@ -382,5 +382,7 @@ class ProbeSummary(Model):
     run_id: str
     probe: ProbeKind
     artifact: Path
-    passed: bool
+    passed: bool | None = Field(
+        description="None where the probe has no pass rule of its own (perplexity: gate it with ppl_delta_pct)"
+    )
     headline: str
