@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,25 +34,29 @@ def log_tail(path: Path, limit: int = TAIL_BYTES) -> str:
         return handle.read().decode(errors="replace")
 
 
-def kill_group(pid: int, grace_s: float = 3.0) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left after `grace_s` (synchronous)."""
+def group_members(pgid: int) -> list[psutil.Process]:
+    """Live processes in process group `pgid` (zombies excluded)."""
+    members = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(proc)
+    return members
+
+
+def kill_group(pgid: int, grace_s: float = 3.0) -> None:
+    """SIGTERM the whole process group, then SIGKILL whatever is left after `grace_s` (blocking: call it in a
+    thread from async code). `pgid` is the leader's pid (children start with start_new_session), so the group
+    is reached even when the leader itself has already exited."""
     try:
-        pgid = os.getpgid(pid)
-    except ProcessLookupError:
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        if sig is signal.SIGTERM:
-            deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline:
-                try:
-                    os.killpg(pgid, 0)
-                except ProcessLookupError:
-                    return
-                time.sleep(0.05)
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return  # nobody is left in the group
+    _, alive = psutil.wait_procs(group_members(pgid), timeout=grace_s)
+    if alive:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=grace_s)
 
 
 def write_pidfile(path: Path, pid: int) -> None:
@@ -119,6 +123,8 @@ async def run_logged(
             while True:
                 try:
                     returncode = await asyncio.wait_for(process.wait(), timeout=heartbeat_every_s)
+                    # Whatever the command left running in the background (a server, a daemon) goes with it.
+                    await asyncio.to_thread(kill_group, process.pid, 1.0)
                     if pidfile is not None:
                         pidfile.unlink(missing_ok=True)
                     return Finished(returncode, log_path, timed_out=False)
@@ -126,11 +132,11 @@ async def run_logged(
                     if heartbeat is not None:
                         heartbeat()
                     if loop.time() > deadline:
-                        kill_group(process.pid)
+                        await asyncio.to_thread(kill_group, process.pid)
                         await process.wait()
                         return Finished(process.returncode or -9, log_path, timed_out=True)
         except BaseException:
-            kill_group(process.pid)
+            await asyncio.to_thread(kill_group, process.pid)
             await process.wait()
             if pidfile is not None:
                 pidfile.unlink(missing_ok=True)

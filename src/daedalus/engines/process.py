@@ -6,14 +6,14 @@ import asyncio
 import contextlib
 import os
 import resource
-import signal
 import socket
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-import psutil
 import structlog
+
+from daedalus.processes import kill_group
 
 log = structlog.get_logger(__name__)
 
@@ -45,27 +45,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def group_members(pgid: int) -> list[psutil.Process]:
-    """Live processes in process group `pgid` (zombies excluded)."""
-    members = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        with contextlib.suppress(psutil.Error, ProcessLookupError):
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                members.append(proc)
-    return members
-
-
-def kill_group(pgid: int, grace_s: float = 5.0) -> None:
-    """SIGTERM the whole group, then SIGKILL whatever is left after `grace_s`."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGTERM)
-    _, alive = psutil.wait_procs(group_members(pgid), timeout=grace_s)
-    if alive:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-        psutil.wait_procs(alive, timeout=grace_s)
 
 
 class GroupProcess:
