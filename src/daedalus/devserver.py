@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 
@@ -122,7 +123,9 @@ class DevServer:
                         ) from error
                     await asyncio.sleep(0.2)
 
-        asyncio.run(probe())
+        # A thread of its own: start() is also called from code that already runs an event loop.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pool.submit(asyncio.run, probe()).result()
 
     def stop(self, grace_s: float = 10.0) -> None:
         if self.process is None or self.process.poll() is not None:

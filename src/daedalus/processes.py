@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,27 +59,35 @@ def kill_group(pgid: int, grace_s: float = 3.0) -> None:
         psutil.wait_procs(alive, timeout=grace_s)
 
 
-def write_pidfile(path: Path, pid: int) -> None:
-    """Record a process group leader with its start time, so a later reader cannot mistake a reused pid."""
-    try:
-        started = psutil.Process(pid).create_time()
-    except psutil.NoSuchProcess:
-        return  # it already ended (a fast command on a busy machine): nothing is left to guard against
-    path.write_text(json.dumps({"pid": pid, "create_time": started}))
+STEP_TOKEN_ENV = "DAEDALUS_STEP_TOKEN"
+
+
+def mark_step(path: Path) -> str:
+    """Write a fresh token to `path` before a step starts; its processes carry it in their environment.
+
+    Written before the spawn, so a worker killed at any moment after it leaves a trace; matched by environment,
+    so a reused pid can never be mistaken for the step's.
+    """
+    token = uuid.uuid4().hex
+    path.write_text(token)
+    return token
 
 
 def kill_leftover(path: Path) -> bool:
-    """Kill the process group a pidfile names, if that very process still runs. True if one was killed."""
+    """Kill every process group still running a step whose token `path` holds. True if any was found."""
     try:
-        recorded = json.loads(path.read_text())
-        leader = psutil.Process(int(recorded["pid"]))
-        same = abs(leader.create_time() - float(recorded["create_time"])) < 0.01
-    except (OSError, ValueError, KeyError, psutil.Error):
-        same = False
+        token = path.read_text().strip()
+    except OSError:
+        return False
+    groups = set()
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if proc.environ().get(STEP_TOKEN_ENV) == token:
+                groups.add(os.getpgid(proc.pid))
+    for group in groups:
+        kill_group(group)
     path.unlink(missing_ok=True)
-    if same:
-        kill_group(leader.pid)
-    return same
+    return bool(groups)
 
 
 async def run_logged(
@@ -98,13 +106,15 @@ async def run_logged(
 
     With `stdout_path`, stdout goes there and only stderr to the log (for commands whose stdout is data).
     Cancellation (an activity cancelled by Temporal) kills the whole process group before re-raising.
-    With `pidfile`, a group left running by a worker that died (SIGKILL leaves its session alive) is
-    killed before the command starts again, so a retried step never runs beside its own ghost.
+    With `pidfile` (a step marker, see `mark_step`), a group left running by a worker that died (SIGKILL
+    leaves its session alive) is killed before the command starts again, so a retried step never runs
+    beside its own ghost.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    if pidfile is not None:
-        kill_leftover(pidfile)
     full_env = {**os.environ, **(env or {})}
+    if pidfile is not None:
+        await asyncio.to_thread(kill_leftover, pidfile)
+        full_env[STEP_TOKEN_ENV] = mark_step(pidfile)
     with log_path.open("ab") as log, stdout_path.open("wb") if stdout_path else log as out:
         process = await asyncio.create_subprocess_shell(
             command,
@@ -115,8 +125,6 @@ async def run_logged(
             stderr=log,
             start_new_session=True,
         )
-        if pidfile is not None:
-            write_pidfile(pidfile, process.pid)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import signal
 from pathlib import Path
 
@@ -40,7 +41,7 @@ async def test_worker_sigkilled_mid_build_resumes_on_a_new_worker(
     """
     host = host_of(task_queue)
     starts = tmp_path / "build-starts"
-    ghost = "sleep 417"  # only the first build runs it: a process nobody else on the machine runs
+    ghost = f"sleep {random.randint(100_000, 999_999)}"  # only the first build runs it; unique on the machine
     build = f"echo started >> {starts}; if [ $(wc -l < {starts}) -eq 1 ]; then {ghost}; else sleep 1; fi"
     spec = ticket_spec(make_engine_repo(tmp_path / "repo"), host, build={"command": build})
     command = worker_command(temporal_server.address, task_queue, host, tmp_path, str(sqlite_engine.url))
