@@ -16,7 +16,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from daedalus.devserver import DevServer, free_port
 from daedalus.store.database import make_engine, migrate
 
-POSTGRES_URL = os.environ.get("DAEDALUS_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+POSTGRES_URL = os.environ.get(
+    "DAEDALUS_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
 
 
 @pytest.fixture(scope="session")

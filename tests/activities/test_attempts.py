@@ -43,10 +43,14 @@ class AttemptProbe:
     @workflow.run
     async def run(self, probe: Probe) -> AgentResult:
         return await workflow.execute_activity(
-            "run_attempt", probe.request, result_type=AgentResult,
+            "run_attempt",
+            probe.request,
+            result_type=AgentResult,
             start_to_close_timeout=timedelta(seconds=probe.start_to_close_s),
             heartbeat_timeout=timedelta(seconds=probe.heartbeat_s),
-            retry_policy=RetryPolicy(maximum_attempts=probe.max_attempts, initial_interval=timedelta(seconds=0.2)),
+            retry_policy=RetryPolicy(
+                maximum_attempts=probe.max_attempts, initial_interval=timedelta(seconds=0.2)
+            ),
             cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         )
 
@@ -79,16 +83,23 @@ class Env:
         self.activities = AttemptActivities(self.workspace, AgentSettings(codex_bin=str(fake)))
 
     def request(self, agent: dict[str, Any] | None = None, **overrides: Any) -> AttemptInput:
-        spec = ticket_spec(self.repo, "h1", agent=agent or {"name": "codex", "model": "gpt-5-codex"}, **overrides)
+        spec = ticket_spec(
+            self.repo, "h1", agent=agent or {"name": "codex", "model": "gpt-5-codex"}, **overrides
+        )
         return AttemptInput(spec=spec, attempt=1, brief="attempt 1")
 
     def worker(self) -> Worker:
-        return Worker(self.client, task_queue=self.queue, workflows=[AttemptProbe],
-                      activities=[self.activities.run_attempt])
+        return Worker(
+            self.client,
+            task_queue=self.queue,
+            workflows=[AttemptProbe],
+            activities=[self.activities.run_attempt],
+        )
 
     async def run(self, probe: Probe) -> AgentResult:
-        return await self.client.execute_workflow(AttemptProbe.run, probe, id=f"probe-{uuid.uuid4()}",
-                                                  task_queue=self.queue)
+        return await self.client.execute_workflow(
+            AttemptProbe.run, probe, id=f"probe-{uuid.uuid4()}", task_queue=self.queue
+        )
 
     def starts(self) -> int:
         path = self.side / "starts"
@@ -116,7 +127,10 @@ async def test_cancelling_kills_the_agent_group_and_records_a_cancelled_attempt(
     request = env.request()
     async with env.worker():
         handle = await env.client.start_workflow(
-            AttemptProbe.run, Probe(request=request, heartbeat_s=2), id=f"probe-{uuid.uuid4()}", task_queue=env.queue
+            AttemptProbe.run,
+            Probe(request=request, heartbeat_s=2),
+            id=f"probe-{uuid.uuid4()}",
+            task_queue=env.queue,
         )
         artifacts = env.workspace.attempt_artifacts(request.spec.id, 1)
         for _ in range(200):
@@ -149,9 +163,16 @@ async def test_scripted_attempt_is_recorded_once_and_labelled(env: Env) -> None:
 async def test_prompt_carries_lessons_and_the_previous_failure(env: Env) -> None:
     record_lesson(env.workspace.root, "toy", "prefix caching breaks partial prefill", source="ticket 3")
     request = env.request().model_copy(update={"brief": "gate decode failed: 28.9 < 55 (median of 5 runs)"})
-    env.activities.settings = AgentSettings(codex_bin=str(write_fake_cli(env.tmp_path / "quick", """
+    env.activities.settings = AgentSettings(
+        codex_bin=str(
+            write_fake_cli(
+                env.tmp_path / "quick",
+                """
 emit(type="item.completed", item={"id": "m", "type": "agent_message", "text": "nothing to do. RESULT: success"})
-""")))
+""",
+            )
+        )
+    )
     async with env.worker():
         result = await env.run(Probe(request=request))
     prompt = (env.side / "prompt.txt").read_text()
@@ -161,11 +182,18 @@ emit(type="item.completed", item={"id": "m", "type": "agent_message", "text": "n
 
 
 async def test_commit_outside_allowed_paths_is_forbidden(env: Env) -> None:
-    env.activities.settings = AgentSettings(codex_bin=str(write_fake_cli(env.tmp_path / "rogue", """
+    env.activities.settings = AgentSettings(
+        codex_bin=str(
+            write_fake_cli(
+                env.tmp_path / "rogue",
+                """
 open("README", "a").write("rogue\\n")
 sh("git commit -qam rogue")
 emit(type="turn.completed", usage={"input_tokens": 1, "cached_input_tokens": 0, "output_tokens": 1})
-""")))
+""",
+            )
+        )
+    )
     async with env.worker():
         result = await env.run(Probe(request=env.request(allowed_paths=["src"])))
     assert result.exit_reason is ExitReason.FORBIDDEN and "README" in result.detail and result.commit is None

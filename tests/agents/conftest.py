@@ -27,11 +27,21 @@ def make_task(tmp_path: Path) -> MakeTask:
         branch = wt.branch_name("t1", n)
         base = wt.prepare_worktree(repo=repo, base_commit="main", worktree=worktree, branch=branch)
         fields: dict[str, Any] = {
-            "ticket_id": "t1", "attempt": n, "agent": AgentSpec.model_validate(agent),
-            "brief": "previous attempt: decode 28.9 tok/s < 55", "repo": str(repo), "base_commit": base,
-            "worktree": str(worktree), "branch": branch, "spec": "Make decode reach 55 tok/s.",
-            "constraints": ["no new dependencies"], "lessons": ["sm70 has no fp8"], "engine": "toy",
-            "timeout_s": 60, "idle_timeout_s": 20, **overrides,
+            "ticket_id": "t1",
+            "attempt": n,
+            "agent": AgentSpec.model_validate(agent),
+            "brief": "previous attempt: decode 28.9 tok/s < 55",
+            "repo": str(repo),
+            "base_commit": base,
+            "worktree": str(worktree),
+            "branch": branch,
+            "spec": "Make decode reach 55 tok/s.",
+            "constraints": ["no new dependencies"],
+            "lessons": ["sm70 has no fp8"],
+            "engine": "toy",
+            "timeout_s": 60,
+            "idle_timeout_s": 20,
+            **overrides,
         }
         return AgentTask(**fields)
 

@@ -59,8 +59,9 @@ def _openai_error(status: int, message: str, code: str, kind: str = "invalid_req
 
 def _anthropic_error(status: int, kind: str, message: str) -> JSONResponse:
     headers = {"retry-after-ms": "20"} if status in (429, 529) else {}
-    return JSONResponse({"type": "error", "error": {"type": kind, "message": message}}, status_code=status,
-                        headers=headers)
+    return JSONResponse(
+        {"type": "error", "error": {"type": kind, "message": message}}, status_code=status, headers=headers
+    )
 
 
 def build_app(script: Script) -> FastAPI:
@@ -74,51 +75,89 @@ def build_app(script: Script) -> FastAPI:
             return _openai_error(401, "Incorrect API key provided.", "invalid_api_key")
         if body.get("model") not in script.models:
             return _openai_error(
-                404, f"The model `{body.get('model')}` does not exist or you do not have access to it.",
+                404,
+                f"The model `{body.get('model')}` does not exist or you do not have access to it.",
                 "model_not_found",
             )
         turn = script.next()
         if turn.delay_s:
             await asyncio.sleep(turn.delay_s)
         if turn.status != 200:
-            return _openai_error(turn.status, turn.error_code or "error", turn.error_code or "error",
-                                 "rate_limit_exceeded" if turn.status == 429 else "server_error")
+            return _openai_error(
+                turn.status,
+                turn.error_code or "error",
+                turn.error_code or "error",
+                "rate_limit_exceeded" if turn.status == 429 else "server_error",
+            )
         cid, model = f"chatcmpl-{uuid.uuid4().hex[:8]}", body["model"]
-        calls = [{"index": i, "id": f"call_{uuid.uuid4().hex[:6]}", "type": "function",
-                  "function": {"name": name, "arguments": json.dumps(args)}}
-                 for i, (name, args) in enumerate(turn.tool_calls)]
-        usage = {"prompt_tokens": turn.input_tokens, "completion_tokens": turn.output_tokens,
-                 "total_tokens": turn.input_tokens + turn.output_tokens,
-                 "prompt_tokens_details": {"cached_tokens": 0}}
+        calls = [
+            {
+                "index": i,
+                "id": f"call_{uuid.uuid4().hex[:6]}",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args)},
+            }
+            for i, (name, args) in enumerate(turn.tool_calls)
+        ]
+        usage = {
+            "prompt_tokens": turn.input_tokens,
+            "completion_tokens": turn.output_tokens,
+            "total_tokens": turn.input_tokens + turn.output_tokens,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
         finish = "tool_calls" if calls else "stop"
         if not body.get("stream"):
-            message = {"role": "assistant", "content": turn.text or None, **({"tool_calls": calls} if calls else {})}
+            message = {
+                "role": "assistant",
+                "content": turn.text or None,
+                **({"tool_calls": calls} if calls else {}),
+            }
             for c in message.get("tool_calls", []):
                 c.pop("index", None)
-            return JSONResponse({"id": cid, "object": "chat.completion", "created": int(time.time()),
-                                 "model": model, "choices": [{"index": 0, "message": message,
-                                                              "finish_reason": finish}],
-                                 **({"usage": usage} if turn.usage else {})})
+            return JSONResponse(
+                {
+                    "id": cid,
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": model,
+                    "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                    **({"usage": usage} if turn.usage else {}),
+                }
+            )
 
         def chunk(delta: dict[str, Any], finish_reason: str | None = None, **extra: Any) -> str:
-            data = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}], **extra}
+            data = {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+                **extra,
+            }
             return f"data: {json.dumps(data)}\n\n"
 
         async def events() -> AsyncIterator[str]:
             yield chunk({"role": "assistant", "content": ""})
-            for piece in [turn.text[i:i + 7] for i in range(0, len(turn.text), 7)]:
+            for piece in [turn.text[i : i + 7] for i in range(0, len(turn.text), 7)]:
                 yield chunk({"content": piece})
             for call in calls:
                 args = call["function"]["arguments"]
                 head = {**call, "function": {"name": call["function"]["name"], "arguments": ""}}
                 yield chunk({"tool_calls": [head]})
                 for i in range(0, len(args), 5):  # arguments arrive in fragments, as they do for real
-                    yield chunk({"tool_calls": [{"index": call["index"], "function": {"arguments": args[i:i + 5]}}]})
+                    yield chunk(
+                        {"tool_calls": [{"index": call["index"], "function": {"arguments": args[i : i + 5]}}]}
+                    )
             yield chunk({}, finish)
             if turn.usage and body.get("stream_options", {}).get("include_usage"):
-                data = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()),
-                        "model": model, "choices": [], "usage": usage}
+                data = {
+                    "id": cid,
+                    "object": "chat.completion.chunk",
+                    "created": int(time.time()),
+                    "model": model,
+                    "choices": [],
+                    "usage": usage,
+                }
                 yield f"data: {json.dumps(data)}\n\n"
             yield "data: [DONE]\n\n"
 
@@ -137,42 +176,85 @@ def build_app(script: Script) -> FastAPI:
         if turn.delay_s:
             await asyncio.sleep(turn.delay_s)
         if turn.status != 200:
-            return _anthropic_error(turn.status, "rate_limit_error" if turn.status == 429 else "api_error",
-                                    turn.error_code or "error")
+            return _anthropic_error(
+                turn.status,
+                "rate_limit_error" if turn.status == 429 else "api_error",
+                turn.error_code or "error",
+            )
         mid, model = f"msg_{uuid.uuid4().hex[:10]}", body["model"]
         blocks: list[dict[str, Any]] = ([{"type": "text", "text": turn.text}] if turn.text else []) + [
             {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:8]}", "name": name, "input": args}
             for name, args in turn.tool_calls
         ]
         stop = "tool_use" if turn.tool_calls else "end_turn"
-        usage = {"input_tokens": turn.input_tokens, "output_tokens": turn.output_tokens,
-                 "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+        usage = {
+            "input_tokens": turn.input_tokens,
+            "output_tokens": turn.output_tokens,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        }
         if not body.get("stream"):
-            return JSONResponse({"id": mid, "type": "message", "role": "assistant", "model": model,
-                                 "content": blocks, "stop_reason": stop, "stop_sequence": None, "usage": usage})
+            return JSONResponse(
+                {
+                    "id": mid,
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": blocks,
+                    "stop_reason": stop,
+                    "stop_sequence": None,
+                    "usage": usage,
+                }
+            )
 
         def sse(kind: str, data: dict[str, Any]) -> str:
             return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
 
         async def events() -> AsyncIterator[str]:
-            yield sse("message_start", {"message": {
-                "id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
-                "stop_reason": None, "stop_sequence": None, "usage": {**usage, "output_tokens": 1}}})
+            yield sse(
+                "message_start",
+                {
+                    "message": {
+                        "id": mid,
+                        "type": "message",
+                        "role": "assistant",
+                        "model": model,
+                        "content": [],
+                        "stop_reason": None,
+                        "stop_sequence": None,
+                        "usage": {**usage, "output_tokens": 1},
+                    }
+                },
+            )
             for i, block in enumerate(blocks):
                 if block["type"] == "text":
-                    yield sse("content_block_start", {"index": i, "content_block": {"type": "text", "text": ""}})
+                    yield sse(
+                        "content_block_start", {"index": i, "content_block": {"type": "text", "text": ""}}
+                    )
                     for j in range(0, len(block["text"]), 9):
-                        yield sse("content_block_delta", {"index": i, "delta": {
-                            "type": "text_delta", "text": block["text"][j:j + 9]}})
+                        yield sse(
+                            "content_block_delta",
+                            {"index": i, "delta": {"type": "text_delta", "text": block["text"][j : j + 9]}},
+                        )
                 else:
                     yield sse("content_block_start", {"index": i, "content_block": {**block, "input": {}}})
                     raw = json.dumps(block["input"])
                     for j in range(0, len(raw), 6):
-                        yield sse("content_block_delta", {"index": i, "delta": {
-                            "type": "input_json_delta", "partial_json": raw[j:j + 6]}})
+                        yield sse(
+                            "content_block_delta",
+                            {
+                                "index": i,
+                                "delta": {"type": "input_json_delta", "partial_json": raw[j : j + 6]},
+                            },
+                        )
                 yield sse("content_block_stop", {"index": i})
-            yield sse("message_delta", {"delta": {"stop_reason": stop, "stop_sequence": None},
-                                        "usage": {"output_tokens": turn.output_tokens}})
+            yield sse(
+                "message_delta",
+                {
+                    "delta": {"stop_reason": stop, "stop_sequence": None},
+                    "usage": {"output_tokens": turn.output_tokens},
+                },
+            )
             yield sse("message_stop", {})
 
         return StreamingResponse(events(), media_type="text/event-stream")
@@ -190,8 +272,9 @@ def free_port() -> int:
 def serve(script: Script) -> Iterator[str]:
     """Run the fake provider on a thread; yields its base URL (append /v1 for OpenAI)."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(script), host="127.0.0.1", port=port, log_level="error",
-                                           lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(build_app(script), host="127.0.0.1", port=port, log_level="error", lifespan="off")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

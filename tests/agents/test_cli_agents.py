@@ -42,13 +42,21 @@ async def test_codex_runs_streams_and_reports_usage(
     monkeypatch.setenv("FAKE_SIDE_DIR", str(side))
     fake = write_fake_cli(tmp_path / "codex", CODEX_OK)
     task = make_task({"name": "codex", "model": "gpt-5-codex", "budget_usd": 5})
-    result = await CodexAgent(AgentSettings(codex_bin=str(fake))).run(task, artifacts=artifacts, heartbeat=beats)
+    result = await CodexAgent(AgentSettings(codex_bin=str(fake))).run(
+        task, artifacts=artifacts, heartbeat=beats
+    )
     assert result.exit_reason is ExitReason.COMMITTED, result.detail
     assert result.claimed_success is True
     argv = json.loads((side / "argv.json").read_text())
     assert argv[:2] == ["exec", "--json"] and argv[-1] == "-" and argv[argv.index("-C") + 1] == task.worktree
     prompt = (side / "prompt.txt").read_text()
-    for piece in ("Make decode reach 55", "no new dependencies", "sm70 has no fp8", "28.9 tok/s", task.branch):
+    for piece in (
+        "Make decode reach 55",
+        "no new dependencies",
+        "sm70 has no fp8",
+        "28.9 tok/s",
+        task.branch,
+    ):
         assert piece in prompt
     usage = result.usage
     assert (usage.input_tokens, usage.cached_input_tokens, usage.output_tokens) == (12000, 2000, 900)
@@ -64,7 +72,9 @@ async def test_codex_unknown_model_cost_is_unavailable_not_zero(
 ) -> None:
     fake = write_fake_cli(tmp_path / "codex", CODEX_OK)
     task = make_task({"name": "codex", "budget_usd": 1})
-    result = await CodexAgent(AgentSettings(codex_bin=str(fake))).run(task, artifacts=artifacts, heartbeat=beats)
+    result = await CodexAgent(AgentSettings(codex_bin=str(fake))).run(
+        task, artifacts=artifacts, heartbeat=beats
+    )
     assert result.usage.cost_usd is None and result.usage.cost_source == "unavailable"
     assert result.usage.input_tokens == 12000
     assert "not enforceable" in result.detail
@@ -74,12 +84,15 @@ async def test_codex_unknown_model_cost_is_unavailable_not_zero(
 async def test_codex_that_hangs_is_killed_with_its_children(
     tmp_path: Path, make_task: MakeTask, artifacts: Path, beats: Beats, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fake = write_fake_cli(tmp_path / "codex", """
+    fake = write_fake_cli(
+        tmp_path / "codex",
+        """
 emit(type="thread.started", thread_id="th_1")
 child = subprocess.Popen(["sleep", "300"])
 open(os.path.join(os.environ["FAKE_PIDS"], "child"), "w").write(str(child.pid))
 time.sleep(300)
-""")
+""",
+    )
     pids = tmp_path / "pids"
     pids.mkdir()
     task = make_task({"name": "codex"}, idle_timeout_s=1)
@@ -97,13 +110,18 @@ time.sleep(300)
 async def test_codex_crash_is_recorded_with_stderr(
     tmp_path: Path, make_task: MakeTask, artifacts: Path, beats: Beats
 ) -> None:
-    fake = write_fake_cli(tmp_path / "codex", """
+    fake = write_fake_cli(
+        tmp_path / "codex",
+        """
 emit(type="thread.started", thread_id="th_1")
 sys.stderr.write("panicked at 'sandbox denied'\\n")
 sys.exit(3)
-""")
+""",
+    )
     task = make_task({"name": "codex"})
-    result = await CodexAgent(AgentSettings(codex_bin=str(fake))).run(task, artifacts=artifacts, heartbeat=beats)
+    result = await CodexAgent(AgentSettings(codex_bin=str(fake))).run(
+        task, artifacts=artifacts, heartbeat=beats
+    )
     assert result.exit_reason is ExitReason.FAILED
     assert "exited 3" in result.detail and "sandbox denied" in result.detail
 
@@ -115,19 +133,26 @@ async def test_codex_forbidden_command_and_outside_write_stop_the_agent(
         {"type": "command_execution", "command": "git push origin HEAD", "status": "in_progress"},
         {"type": "file_change", "status": "completed", "changes": [{"path": "/etc/hosts", "kind": "update"}]},
     ):
-        fake = write_fake_cli(tmp_path / "codex", f"""
+        fake = write_fake_cli(
+            tmp_path / "codex",
+            f"""
 emit(type="item.started", item={item!r})
 time.sleep(60)
-""")
+""",
+        )
         out = artifacts / item["type"]
         out.mkdir()
         task = make_task({"name": "codex"})
-        result = await CodexAgent(AgentSettings(codex_bin=str(fake))).run(task, artifacts=out, heartbeat=beats)
+        result = await CodexAgent(AgentSettings(codex_bin=str(fake))).run(
+            task, artifacts=out, heartbeat=beats
+        )
         assert result.exit_reason is ExitReason.FORBIDDEN, result.detail
         assert "forbidden" in result.detail or "outside its worktree" in result.detail
 
 
-async def test_missing_codex_binary_says_which_setting(make_task: MakeTask, artifacts: Path, beats: Beats) -> None:
+async def test_missing_codex_binary_says_which_setting(
+    make_task: MakeTask, artifacts: Path, beats: Beats
+) -> None:
     from daedalus.agents.base import AgentConfigError
 
     with pytest.raises(AgentConfigError, match="DAEDALUS_AGENT_CODEX_BIN"):
@@ -164,7 +189,9 @@ async def test_claude_reports_provider_cost_and_passes_caps(
     monkeypatch.setenv("FAKE_SIDE_DIR", str(side))
     fake = write_fake_cli(tmp_path / "claude", CLAUDE_OK)
     task = make_task({"name": "claude", "budget_usd": 2.5}, max_turns=7)
-    result = await ClaudeAgent(AgentSettings(claude_bin=str(fake))).run(task, artifacts=artifacts, heartbeat=beats)
+    result = await ClaudeAgent(AgentSettings(claude_bin=str(fake))).run(
+        task, artifacts=artifacts, heartbeat=beats
+    )
     assert result.exit_reason is ExitReason.COMMITTED and result.claimed_success is True
     argv = json.loads((side / "argv.json").read_text())
     assert argv[:5] == ["-p", "--output-format", "stream-json", "--verbose", "--max-turns"]
@@ -176,17 +203,22 @@ async def test_claude_reports_provider_cost_and_passes_caps(
 async def test_claude_over_budget_is_killed_and_usage_kept(
     tmp_path: Path, make_task: MakeTask, artifacts: Path, beats: Beats
 ) -> None:
-    fake = write_fake_cli(tmp_path / "claude", """
+    fake = write_fake_cli(
+        tmp_path / "claude",
+        """
 emit(type="system", subtype="init", session_id="s1", model="claude-opus-4-1")
 for i in range(5):
     emit(type="assistant", message={"id": f"m{i}", "model": "claude-opus-4-1", "content": [],
          "usage": {"input_tokens": 20000, "output_tokens": 2000}})
     time.sleep(0.05)
 time.sleep(60)
-""")
+""",
+    )
     task = make_task({"name": "claude", "budget_usd": 0.5})
     started = time.monotonic()
-    result = await ClaudeAgent(AgentSettings(claude_bin=str(fake))).run(task, artifacts=artifacts, heartbeat=beats)
+    result = await ClaudeAgent(AgentSettings(claude_bin=str(fake))).run(
+        task, artifacts=artifacts, heartbeat=beats
+    )
     assert result.exit_reason is ExitReason.BUDGET_EXCEEDED and "over its budget" in result.detail
     assert time.monotonic() - started < 20
     assert result.usage.cost_source == "estimated" and result.usage.cost_usd is not None
@@ -195,11 +227,16 @@ time.sleep(60)
     assert kept is not None and kept.input_tokens == result.usage.input_tokens
 
 
-async def test_claude_max_turns_is_a_failure(tmp_path: Path, make_task: MakeTask, artifacts: Path, beats: Beats) -> None:
-    fake = write_fake_cli(tmp_path / "claude", """
+async def test_claude_max_turns_is_a_failure(
+    tmp_path: Path, make_task: MakeTask, artifacts: Path, beats: Beats
+) -> None:
+    fake = write_fake_cli(
+        tmp_path / "claude",
+        """
 emit(type="result", subtype="error_max_turns", is_error=True, num_turns=7, total_cost_usd=0.4,
      usage={"input_tokens": 10, "output_tokens": 5})
-""")
+""",
+    )
     result = await ClaudeAgent(AgentSettings(claude_bin=str(fake))).run(
         make_task({"name": "claude"}), artifacts=artifacts, heartbeat=beats
     )

@@ -10,9 +10,15 @@ from daedalus.schemas.agents import SpecDraftRequest
 from daedalus.schemas.ticket import TicketSpec
 from tests.agents.fakes import API_KEY, Script, Turn, serve
 
-GOOD = {"id": "ignored", "title": "TQ workspace OOM fix", "host": "mavis", "kind": "fix",
-        "engine": {"name": "1cat-vllm", "kind": "vllm", "repo": "/srv/1cat-vllm"},
-        "agent": {"name": "codex"}, "spec": "Bound the TQ decode workspace so 32K context does not OOM."}
+GOOD = {
+    "id": "ignored",
+    "title": "TQ workspace OOM fix",
+    "host": "mavis",
+    "kind": "fix",
+    "engine": {"name": "1cat-vllm", "kind": "vllm", "repo": "/srv/1cat-vllm"},
+    "agent": {"name": "codex"},
+    "spec": "Bound the TQ decode workspace so 32K context does not OOM.",
+}
 
 
 async def test_draft_is_validated_and_repaired_once() -> None:
@@ -40,7 +46,15 @@ async def test_without_key_the_lead_says_so_and_narrative_falls_back() -> None:
 async def test_narrative_by_model_over_openai_protocol() -> None:
     script = Script(turns=[Turn(text="- Ticket 4 passed its gate at 56.0 tok/s.\n- Ticket 5 is with Codex.")])
     with serve(script) as url:
-        lead = LeadAgent(AgentSettings(lead_provider="openai", openai_base_url=f"{url}/v1",  # type: ignore[arg-type]
-                                       openai_api_key=API_KEY))
+        lead = LeadAgent(
+            AgentSettings(
+                lead_provider="openai",
+                openai_base_url=f"{url}/v1",  # type: ignore[arg-type]
+                openai_api_key=API_KEY,
+            )
+        )
         story = await lead.narrative(["ticket 4 PASS 56.0", "ticket 5 dispatched"])
-    assert story.by_model and story.lines == ["Ticket 4 passed its gate at 56.0 tok/s.", "Ticket 5 is with Codex."]
+    assert story.by_model and story.lines == [
+        "Ticket 4 passed its gate at 56.0 tok/s.",
+        "Ticket 5 is with Codex.",
+    ]

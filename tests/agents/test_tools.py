@@ -24,7 +24,9 @@ def box(tmp_path: Path) -> Toolbox:
     return Toolbox(root, deny=DEFAULT_DENY, shell_timeout_s=1.0)
 
 
-@pytest.mark.parametrize("path", ["../secret.txt", "/etc/passwd", "link", "dirlink/secret.txt", "~/x", ".git/config"])
+@pytest.mark.parametrize(
+    "path", ["../secret.txt", "/etc/passwd", "link", "dirlink/secret.txt", "~/x", ".git/config"]
+)
 def test_paths_outside_the_worktree_are_refused(box: Toolbox, path: str) -> None:
     with pytest.raises(PathEscape, match=r"outside the worktree|inside \.git"):
         box.resolve(path)
@@ -51,16 +53,29 @@ async def test_file_tools_work_inside(box: Toolbox) -> None:
         await box.call("read_file", "{nope")
 
 
-@pytest.mark.parametrize("command", [
-    "sudo ls", "curl http://example.com", "git push origin HEAD", "cat /etc/passwd", "cd .. && ls",
-    "rm -rf ~", "wget x", "ls --directory=/home", "cat ../secret.txt", "pkill python",
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        "sudo ls",
+        "curl http://example.com",
+        "git push origin HEAD",
+        "cat /etc/passwd",
+        "cd .. && ls",
+        "rm -rf ~",
+        "wget x",
+        "ls --directory=/home",
+        "cat ../secret.txt",
+        "pkill python",
+    ],
+)
 def test_forbidden_commands(box: Toolbox, command: str) -> None:
     with pytest.raises(ForbiddenCommand):
         box.check_command(command)
 
 
-@pytest.mark.parametrize("command", ["ls src", "python3 -c 'print(1)'", "/usr/bin/env true", "git commit -m x"])
+@pytest.mark.parametrize(
+    "command", ["ls src", "python3 -c 'print(1)'", "/usr/bin/env true", "git commit -m x"]
+)
 def test_ordinary_commands_pass(box: Toolbox, command: str) -> None:
     box.check_command(command)
 
@@ -73,5 +88,8 @@ async def test_shell_runs_in_the_worktree_and_timeouts_kill_the_group(box: Toolb
     assert "timed out" in out
     after = {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
     assert after <= before
-    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "30"]
-                and p.ppid() in (1, os.getpid())]
+    assert not [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if p.info["cmdline"] == ["sleep", "30"] and p.ppid() in (1, os.getpid())
+    ]

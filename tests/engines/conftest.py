@@ -15,7 +15,9 @@ from daedalus.engines.tiny_model import ensure_model
 async def llama_build() -> LlamaBuild:
     source = default_llama_source()
     if not (source / "CMakeLists.txt").is_file():
-        pytest.fail(f"no llama.cpp source at {source}; run scripts/fetch_llama_cpp.sh (the install step) first")
+        pytest.fail(
+            f"no llama.cpp source at {source}; run scripts/fetch_llama_cpp.sh (the install step) first"
+        )
     return cached_build(source) or await build_llama_cpp(source)
 
 

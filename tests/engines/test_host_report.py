@@ -26,7 +26,9 @@ def test_finds_the_seeds_invisible_players(tmp_path: Path) -> None:
     (etc / "systemd" / "oomd.conf.d" / "10-site.conf").write_text("[OOM]\nDefaultMemoryPressureLimit=50%\n")
     (etc / "crontab").write_text("# m h dom mon dow user command\n# */5 * * * * root swapoff -a\n")
     (etc / "cron.d").mkdir()
-    (etc / "cron.d" / "gb10-guard").write_text("*/10 * * * * root /usr/sbin/swapoff -a && /usr/sbin/swapon -a\n")
+    (etc / "cron.d" / "gb10-guard").write_text(
+        "*/10 * * * * root /usr/sbin/swapoff -a && /usr/sbin/swapon -a\n"
+    )
     spool.mkdir()
     (spool / "wayne").write_text("0 3 * * * /home/wayne/bin/backup.sh\n@reboot swapoff -a\n")
 
@@ -37,7 +39,11 @@ def test_finds_the_seeds_invisible_players(tmp_path: Path) -> None:
         by_kind[player.kind].append(player)
     (earlyoom,) = by_kind["earlyoom"]
     assert earlyoom.source == "pid 412"
-    assert earlyoom.thresholds == {"min_mem_percent": "10,5", "min_swap_percent": "100", "prefer": "(^|/)python"}
+    assert earlyoom.thresholds == {
+        "min_mem_percent": "10,5",
+        "min_swap_percent": "100",
+        "prefer": "(^|/)python",
+    }
     (oomd,) = by_kind["systemd-oomd"]
     assert oomd.thresholds == {"SwapUsedLimit": "90%", "DefaultMemoryPressureLimit": "50%"}
     crons = sorted(p.source for p in by_kind["swapoff-cron"])
@@ -58,7 +64,9 @@ def test_earlyoom_defaults_file_and_joined_flags(tmp_path: Path) -> None:
 
 def test_empty_or_missing_roots_report_nothing_and_do_not_crash(tmp_path: Path) -> None:
     report = host_report(
-        HostReportInput(host="h", proc_root=tmp_path / "nope", etc_root=tmp_path / "nope", crontab_roots=[tmp_path])
+        HostReportInput(
+            host="h", proc_root=tmp_path / "nope", etc_root=tmp_path / "nope", crontab_roots=[tmp_path]
+        )
     )
     assert report.players == []
     assert not report.psi_available

@@ -23,7 +23,9 @@ from daedalus.schemas.training import GIB, MIB, StopReason, WatchdogPolicy
 SEED_POLICY = WatchdogPolicy()  # the seed's guard rails: 14 GiB, 2 samples, 15-minute window
 
 
-def series(rate_gib_per_h: float, seconds: int, step_s: float, seed: int, start_gib: float = 75.0) -> np.ndarray:
+def series(
+    rate_gib_per_h: float, seconds: int, step_s: float, seed: int, start_gib: float = 75.0
+) -> np.ndarray:
     """Available memory falling at `rate` with 0.3 GiB of noise and rare 3 GiB spikes (a loader, a cache)."""
     rng = np.random.default_rng(seed)
     t = np.arange(0, seconds, step_s)
@@ -106,7 +108,9 @@ def test_missing_proc_readings_fall_back_to_none(tmp_path: Path) -> None:
     garbled.write_text("some avg10=x avg60=0\n")
     assert read_psi_some_avg10(garbled) is None
     good = tmp_path / "pressure2"
-    good.write_text("some avg10=1.25 avg60=0.00 avg300=0.00 total=5\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    good.write_text(
+        "some avg10=1.25 avg60=0.00 avg300=0.00 total=5\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
     assert read_psi_some_avg10(good) == 1.25
     vmstat = tmp_path / "vmstat"
     vmstat.write_text("nr_free_pages 1\noom_kill 4\n")

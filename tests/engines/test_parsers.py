@@ -36,7 +36,9 @@ def test_garbage_detectors_name_what_went_wrong() -> None:
     assert GarbageKind.DIGIT_SOUP in kinds("7 3 9 1 0 4 4 2 8 8 1 2 3 . 9 9 0 1")
     assert GarbageKind.REPETITION in kinds("the cat sat " * 12)
     assert GarbageKind.FRAGMENTS in kinds("a b cd e f gh i j k lm n o")
-    assert kinds("The capital of France", requested_tokens=64, completion_tokens=5) == {GarbageKind.DROPPED_TAIL}
+    assert kinds("The capital of France", requested_tokens=64, completion_tokens=5) == {
+        GarbageKind.DROPPED_TAIL
+    }
 
 
 def test_metrics_the_engine_cannot_produce_are_rejected() -> None:

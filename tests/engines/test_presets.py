@@ -8,7 +8,9 @@ from daedalus.schemas.engines import LlamaCppPreset, VllmPreset
 
 def test_every_example_preset_loads() -> None:
     names = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
-    assert {"local-f16", "local-q8_0", "local-spec-self", "vllm-pool-tbq4nc", "llama-turbo3-full3bit"} <= set(names)
+    assert {"local-f16", "local-q8_0", "local-spec-self", "vllm-pool-tbq4nc", "llama-turbo3-full3bit"} <= set(
+        names
+    )
     for name in names:
         preset = load_preset(name)
         assert preset.name == name
@@ -17,11 +19,19 @@ def test_every_example_preset_loads() -> None:
 def test_seed_presets_say_what_the_seed_says() -> None:
     pool = load_preset("vllm-pool-tbq4nc")
     assert isinstance(pool, VllmPreset)
-    assert (pool.kv_cache_dtype, pool.max_model_len, pool.enable_prefix_caching) == ("tq_4bit_nc", 16384, False)
+    assert (pool.kv_cache_dtype, pool.max_model_len, pool.enable_prefix_caching) == (
+        "tq_4bit_nc",
+        16384,
+        False,
+    )
     assert pool.additional_config == {"tq_num_splits": 96}
     turbo = load_preset("llama-turbo3-full3bit")
     assert isinstance(turbo, LlamaCppPreset)
-    assert (turbo.cache_type_k, turbo.cache_type_v, turbo.env) == ("turbo3", "turbo3", {"TURBO_AUTO_ASYMMETRIC": "0"})
+    assert (turbo.cache_type_k, turbo.cache_type_v, turbo.env) == (
+        "turbo3",
+        "turbo3",
+        {"TURBO_AUTO_ASYMMETRIC": "0"},
+    )
 
 
 def test_unknown_field_is_named() -> None:

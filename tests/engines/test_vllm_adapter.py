@@ -96,7 +96,12 @@ def test_metrics_new_names() -> None:
     assert (m.running, m.waiting, m.preemptions, m.kv_cache_usage) == (3.0, 1.0, 2.0, 0.4375)
     assert (m.spec_drafts, m.spec_draft_tokens, m.spec_accepted_tokens) == (100.0, 300.0, 198.0)
     assert m.acceptance_length == pytest.approx(2.98)
-    assert (m.num_gpu_blocks, m.block_size, m.pool_tokens, m.cache_dtype) == (62931, 16, 1_006_896, "tq_4bit_nc")
+    assert (m.num_gpu_blocks, m.block_size, m.pool_tokens, m.cache_dtype) == (
+        62931,
+        16,
+        1_006_896,
+        "tq_4bit_nc",
+    )
     assert (m.prefix_cache_hits, m.prefix_cache_queries) == (0.0, 32.0)
 
 

@@ -34,7 +34,9 @@ from daedalus.schemas.training import (
 TRAINER = Path(__file__).resolve().parents[1] / "fixtures" / "trainer.py"
 
 
-def make_spec(tmp: Path, *trainer_args: str, budget_mib: int = 400, stop_at_used_mib: int = 150, **watch: object) -> TrainingRunSpec:
+def make_spec(
+    tmp: Path, *trainer_args: str, budget_mib: int = 400, stop_at_used_mib: int = 150, **watch: object
+) -> TrainingRunSpec:
     """A run whose watchdog stops it once its process tree uses more than `stop_at_used_mib`."""
     policy = {
         "memory_source": MemorySource.PROCESS_TREE,
@@ -84,7 +86,11 @@ def trainers_of(spec: TrainingRunSpec) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if str(TRAINER) in cmd and str(spec.checkpoints.directory) in cmd and "daedalus.engines.trainer_process" not in cmd:
+        if (
+            str(TRAINER) in cmd
+            and str(spec.checkpoints.directory) in cmd
+            and "daedalus.engines.trainer_process" not in cmd
+        ):
             found.append(proc)
     return found
 
@@ -105,7 +111,9 @@ async def test_leak_is_stopped_gracefully_and_a_good_checkpoint_is_kept(tmp_path
     newest = (complete[-1] / "COMPLETE").stat().st_mtime_ns
     for entry in spec.checkpoints.directory.iterdir():
         if not (entry / "COMPLETE").exists():
-            assert entry.stat().st_mtime_ns >= newest, f"an abandoned half-written checkpoint was kept: {entry}"
+            assert entry.stat().st_mtime_ns >= newest, (
+                f"an abandoned half-written checkpoint was kept: {entry}"
+            )
     assert "requested=True" in Path(death.log_tail_path or "").read_text()
     curve = Path(death.curve_path or "").read_text().splitlines()
     assert len(curve) > 3 and curve[0].startswith("unix_time")
@@ -131,7 +139,9 @@ async def test_flat_run_is_never_stopped_until_asked(tmp_path: Path) -> None:
     ("sig", "expected"),
     [(signal.SIGKILL, DeathClass.KERNEL_OOM), (signal.SIGTERM, DeathClass.OUTSIDE_SIGTERM)],
 )
-async def test_outside_signal_is_classified(tmp_path: Path, sig: signal.Signals, expected: DeathClass) -> None:
+async def test_outside_signal_is_classified(
+    tmp_path: Path, sig: signal.Signals, expected: DeathClass
+) -> None:
     spec = make_spec(tmp_path, "--step-s", "0.05")
     task = asyncio.create_task(segment(spec))
     record = await trainer_record(spec)
@@ -195,7 +205,9 @@ def test_impossible_policies_are_refused() -> None:
 
 async def test_threshold_above_total_memory_is_refused(tmp_path: Path) -> None:
     spec = make_spec(tmp_path)
-    huge = spec.watchdog.model_copy(update={"memory_source": MemorySource.HOST, "budget_mib": None, "min_available_gib": 10_000.0})
+    huge = spec.watchdog.model_copy(
+        update={"memory_source": MemorySource.HOST, "budget_mib": None, "min_available_gib": 10_000.0}
+    )
     with pytest.raises(tp.TrainingInputError, match="above this host's total memory"):
         await segment(spec.model_copy(update={"watchdog": huge}))
 
