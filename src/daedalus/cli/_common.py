@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Coroutine
 from typing import Any, NoReturn, TypeVar
 
@@ -17,8 +18,9 @@ from daedalus.store.database import make_engine, migrate
 
 T = TypeVar("T")
 
-console = Console()
-errors = Console(stderr=True)
+# Piped output (CI logs, `make demo | tee`) gets wide tables instead of rich's 80-column fallback.
+console = Console(width=None if sys.stdout.isatty() else 160)
+errors = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 def fail(message: str) -> NoReturn:
