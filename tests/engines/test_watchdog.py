@@ -63,9 +63,11 @@ def make_spec(
     )
 
 
-async def segment(spec: TrainingRunSpec, incarnation: int = 1, stop: bool = False) -> SegmentReport:
+async def segment(
+    spec: TrainingRunSpec, incarnation: int = 1, stop: bool = False, filing: str = ""
+) -> SegmentReport:
     return await supervise_segment(
-        SuperviseInput(spec=spec, incarnation=incarnation, stop_requested=stop),
+        SuperviseInput(spec=spec, incarnation=incarnation, stop_requested=stop, filing=filing),
         state_root=spec.state_dir or Path(),
         artifact_root=spec.artifact_dir or Path(),
         heartbeat=lambda _: None,
@@ -171,6 +173,16 @@ async def test_clean_exit(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, "--step-s", "0.02", "--steps", "12")
     report = await segment(spec)
     assert report.death is not None and report.death.death_class is DeathClass.CLEAN_EXIT
+
+
+async def test_a_run_started_again_launches_afresh_instead_of_reporting_the_old_death(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, "--step-s", "0.02", "--exit-code-at-step", "5", "3")
+    first = await segment(spec, filing="first-start")
+    assert first.death is not None and first.death.death_class is DeathClass.CRASH
+    again = await segment(spec, filing="second-start")
+    # The second start launched its own trainer instead of attaching to the first start's recorded end.
+    assert again.death is not None and not again.attached and again.trainer_pid != first.trainer_pid
+    assert "second-start" in (again.death.log_tail_path or "")
 
 
 async def test_missing_command_is_a_clear_error_and_leaves_nothing(tmp_path: Path) -> None:

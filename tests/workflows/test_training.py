@@ -212,7 +212,8 @@ async def test_third_death_escalates_once_and_opens_one_hunting_ticket(
         ticket_id = f"hunt-{spec.name}-1"
         assert status.hunting_tickets == [ticket_id]
         # Incarnations 2 and 3 resumed from the checkpoint the previous one wrote on our stop signal.
-        log2 = (tmp_path / "state" / spec.name / "incarnation-0002" / "trainer.log").read_text()
+        [log2_path] = (tmp_path / "state" / spec.name).glob("*/incarnation-0002/trainer.log")
+        log2 = log2_path.read_text()
         assert f"resume={status.deaths[0].last_checkpoint}" in log2
         # The real TicketWorkflow holds the hunting ticket until wayne approves its dispatch.
         ticket_handle = temporal_client.get_workflow_handle_for(TicketWorkflow.run, f"ticket-{ticket_id}")
@@ -354,8 +355,8 @@ async def test_worker_killed_mid_run_reattaches_without_a_second_trainer(
             second = host_worker()
             await until(handle, lambda s: s.continued >= 1 and s.trainer_pid == pid, timeout_s=90)
             assert [p.pid for p in trainers(spec)] == [pid]
-            state_dir = tmp_path / "state" / spec.name
-            assert [p.name for p in state_dir.iterdir()] == ["incarnation-0001"]
+            [filing] = (tmp_path / "state" / spec.name).iterdir()  # one start of the run, one state directory
+            assert [p.name for p in filing.iterdir()] == ["incarnation-0001"]
             await within(handle.execute_update(TrainingRunWorkflow.stop, StopTraining(requested_by="wayne")))
             final = await within(handle.result())
         assert final.state is RunState.STOPPED
@@ -390,7 +391,7 @@ async def test_command_that_does_not_exist_fails_the_run_clearly(
         with pytest.raises(WorkflowFailureError) as caught:
             await within(handle.result())
     assert "not on PATH" in str(caught.value.cause)
-    assert not (tmp_path / "state" / spec.name / "incarnation-0001" / "launch.intent").exists()
+    assert not list((tmp_path / "state" / spec.name).glob("*/incarnation-0001/launch.intent"))
     trail = audit_trail(sqlite_engine, spec)
     assert [(e.seq, e.kind, e.status) for e in trail] == [
         (1, AuditKind.TRAINING, "running"),

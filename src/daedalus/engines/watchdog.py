@@ -197,12 +197,13 @@ def read_curve(path: Path) -> Iterator[Sample]:
 # --- supervision -------------------------------------------------------------------------------------------
 
 
-def run_dir_for(state_root: Path, spec: TrainingRunSpec, incarnation: int) -> Path:
-    return state_root / spec.name / f"incarnation-{incarnation:04d}"
+def run_dir_for(state_root: Path, spec: TrainingRunSpec, incarnation: int, filing: str = "") -> Path:
+    """Per start of the run name (`filing`), so a run started again never attaches to an earlier one's state."""
+    return state_root / spec.name / filing / f"incarnation-{incarnation:04d}"
 
 
-def artifact_dir_for(artifact_root: Path, spec: TrainingRunSpec, incarnation: int) -> Path:
-    return artifact_root / "training" / spec.name / f"incarnation-{incarnation:04d}"
+def artifact_dir_for(artifact_root: Path, spec: TrainingRunSpec, incarnation: int, filing: str = "") -> Path:
+    return artifact_root / "training" / spec.name / filing / f"incarnation-{incarnation:04d}"
 
 
 def validate_spec(spec: TrainingRunSpec) -> None:
@@ -256,8 +257,8 @@ class Supervisor:
         self.inp = inp
         self.spec = inp.spec
         self.policy = inp.spec.watchdog
-        self.run_dir = run_dir_for(state_root, self.spec, inp.incarnation)
-        self.artifact_dir = artifact_dir_for(artifact_root, self.spec, inp.incarnation)
+        self.run_dir = run_dir_for(state_root, self.spec, inp.incarnation, inp.filing)
+        self.artifact_dir = artifact_dir_for(artifact_root, self.spec, inp.incarnation, inp.filing)
         self.heartbeat = heartbeat
         self.resume = resume or {}
         self.rule = StopRule(self.policy)

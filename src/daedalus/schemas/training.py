@@ -233,6 +233,9 @@ class SuperviseInput(Model):
     incarnation: int = Field(ge=1)
     stop_requested: bool = False
     resume_from: str | None = None
+    filing: str = Field(
+        default="", description="the workflow's first run id: a run name started again gets fresh state"
+    )
 
 
 class SegmentReport(Model):

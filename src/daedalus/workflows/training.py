@@ -328,6 +328,7 @@ class TrainingRunWorkflow:
             incarnation=self.c.incarnation,
             stop_requested=self.c.stop is not None,
             resume_from=self._resume_from(),
+            filing=workflow.info().first_execution_run_id,
         )
         budget = (
             policy.report_interval_s + policy.checkpoint_grace_s + policy.term_grace_s + LAUNCH_ALLOWANCE_S
