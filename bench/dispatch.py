@@ -42,7 +42,8 @@ from daedalus.activities.attempts import AttemptActivities  # noqa: E402
 from daedalus.activities.workspace import Workspace  # noqa: E402
 from daedalus.agents.codex import CodexAgent  # noqa: E402
 from daedalus.agents.settings import AgentSettings  # noqa: E402
-from daedalus.devserver import DevServer, free_port  # noqa: E402
+from daedalus.devserver import DevServer  # noqa: E402
+from daedalus.ports import free_port  # noqa: E402
 from daedalus.schemas.steps import AttemptInput  # noqa: E402
 
 FAST_CODEX = """

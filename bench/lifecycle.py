@@ -44,7 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from daedalus import client as daedalus  # noqa: E402
-from daedalus.devserver import DevServer, free_port  # noqa: E402
+from daedalus.devserver import DevServer  # noqa: E402
+from daedalus.ports import free_port  # noqa: E402
 from daedalus.schemas.agents import AgentResult, ExitReason  # noqa: E402
 from daedalus.schemas.audit import AuditRecord  # noqa: E402
 from daedalus.schemas.gates import GateResult, Verdict  # noqa: E402

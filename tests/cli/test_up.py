@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 
 from daedalus import client as tickets
-from daedalus.devserver import free_port, port_is_open
+from daedalus.ports import free_port, port_is_open
 from daedalus.schemas.ticket import Decision, TicketStatus
 from daedalus.workflows.ticket import TicketWorkflow
 from tests.support import make_engine_repo, ticket_spec

@@ -12,7 +12,8 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from daedalus import client as daedalus
-from daedalus.devserver import DevServer, free_port
+from daedalus.devserver import DevServer
+from daedalus.ports import free_port
 from daedalus.schemas.ticket import AttemptOutcome, Decision, TicketStatus
 from daedalus.workflows.ticket import TicketWorkflow
 from tests.support import make_engine_repo, running_workers, status_is, ticket_spec, wait_for

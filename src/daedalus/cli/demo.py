@@ -20,7 +20,8 @@ from daedalus import client as tickets
 from daedalus.cli._common import console, fail, run
 from daedalus.cli.tickets import print_audit, print_state
 from daedalus.config import Settings
-from daedalus.devserver import DevServerError, port_is_open
+from daedalus.devserver import DevServerError
+from daedalus.ports import port_is_open
 from daedalus.schemas.ticket import Decision, DecisionKind, TicketSpec, TicketState
 from daedalus.store import queries
 from daedalus.store.database import session_scope

@@ -13,7 +13,8 @@ import httpx
 import structlog
 
 from daedalus.engines.metrics import flatten
-from daedalus.engines.process import EngineError, GroupProcess, port_in_use, tail
+from daedalus.engines.process import EngineError, GroupProcess, tail
+from daedalus.ports import port_in_use
 from daedalus.schemas.engines import LlamaCppPreset, VllmPreset
 
 log = structlog.get_logger(__name__)

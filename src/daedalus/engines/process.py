@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import os
 import resource
-import socket
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -29,22 +28,6 @@ def tail(path: Path, lines: int = 30) -> str:
     except FileNotFoundError:
         return "(no log written)"
     return "\n".join(text.splitlines()[-lines:])
-
-
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class GroupProcess:

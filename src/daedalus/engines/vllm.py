@@ -156,7 +156,7 @@ class VllmAdapter(EngineAdapter):
             raise EngineError(
                 "vLLM is not installed on this worker; install the extra: pip install 'daedalus[vllm]'"
             )
-        from daedalus.engines.process import port_in_use
+        from daedalus.ports import port_in_use
 
         if port_in_use(port):
             raise EngineError(f"port {port} is in use; pick another port or stop whatever listens there")
