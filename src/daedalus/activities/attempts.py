@@ -149,15 +149,7 @@ class AttemptActivities:
                 task, artifacts=artifacts, heartbeat=activity.heartbeat, keep_on_cancel=_leave_agent_running
             )
         except AgentConfigError as error:
-            return AgentResult(
-                ticket_id=task.ticket_id,
-                attempt=task.attempt,
-                agent=agent.label,
-                exit_reason=ExitReason.FAILED,
-                branch=task.branch,
-                detail=str(error),
-                artifacts=str(artifacts),
-            )
+            return _recorded(task, agent, artifacts, ExitReason.FAILED, str(error))
 
 
 def check_allowed_paths(allowed: list[str]) -> None:
@@ -190,15 +182,12 @@ async def _wait_for_worker(
         await asyncio.sleep(0.5)
     if result_file.exists():
         return AgentResult.model_validate_json(result_file.read_text())
-    return AgentResult(
-        ticket_id=task.ticket_id,
-        attempt=task.attempt,
-        agent=agent.label,
-        exit_reason=ExitReason.FAILED,
-        branch=task.branch,
-        usage=load_usage(artifacts / USAGE_FILE) or AgentUsage(),
-        artifacts=str(artifacts),
-        detail=f"the worker (pid {running.pid}) running this attempt stopped before it finished; "
+    return _recorded(
+        task,
+        agent,
+        artifacts,
+        ExitReason.FAILED,
+        f"the worker (pid {running.pid}) running this attempt stopped before it finished; "
         "not restarting the agent, which would pay for the attempt twice",
     )
 
@@ -213,17 +202,13 @@ def _cancelled(task: AgentTask, agent: CodingAgent, artifacts: Path, started: fl
         if details is None or details.cancel_requested
         else f"activity ended: {details}"
     )
-    return AgentResult(
-        ticket_id=task.ticket_id,
-        attempt=task.attempt,
-        agent=agent.label,
-        exit_reason=ExitReason.CANCELLED,
-        branch=task.branch,
-        usage=load_usage(artifacts / USAGE_FILE) or AgentUsage(),
-        artifacts=str(artifacts),
-        detail=f"cancelled ({why}); the agent's process group was killed",
-        duration_s=round(time.time() - started, 3),
-    )
+    return _recorded(
+        task,
+        agent,
+        artifacts,
+        ExitReason.CANCELLED,
+        f"cancelled ({why}); the agent's process group was killed",
+    ).model_copy(update={"duration_s": round(time.time() - started, 3)})
 
 
 def _write_result(artifacts: Path, result: AgentResult) -> None:
@@ -235,15 +220,28 @@ def _write_result(artifacts: Path, result: AgentResult) -> None:
 
 def _committed_earlier(task: AgentTask, agent: CodingAgent, artifacts: Path) -> AgentResult:
     """The agent committed before the worker died, but no result was written: take the commit, not a rerun."""
+    return _recorded(
+        task,
+        agent,
+        artifacts,
+        ExitReason.COMMITTED,
+        "recovered the commit of an attempt whose worker stopped before recording it",
+    )
+
+
+def _recorded(
+    task: AgentTask, agent: CodingAgent, artifacts: Path, reason: ExitReason, detail: str
+) -> AgentResult:
+    """A result Daedalus writes itself (the agent could not): with whatever usage the agent left on disk."""
     return AgentResult(
         ticket_id=task.ticket_id,
         attempt=task.attempt,
         agent=agent.label,
-        exit_reason=ExitReason.COMMITTED,
+        exit_reason=reason,
         branch=task.branch,
         usage=load_usage(artifacts / USAGE_FILE) or AgentUsage(),
         artifacts=str(artifacts),
-        detail="recovered the commit of an attempt whose worker stopped before recording it",
+        detail=detail,
     )
 
 
