@@ -30,6 +30,10 @@ SPEED_PATCH = """\
 """
 
 
+SLOW_PATCH = "--- a/speed.txt\n+++ b/speed.txt\n@@ -1 +1 @@\n-28.9\n+40.0\n"
+"""A patch that makes the decode gate FAIL (40 tok/s against a 55 tok/s threshold)."""
+
+
 def make_engine_repo(path: Path, speed: str = "28.9") -> Path:
     """A small git repo standing in for an engine fork: `speed.txt` is what the gates measure."""
     path.mkdir(parents=True, exist_ok=True)
@@ -64,6 +68,16 @@ def ticket_spec(repo: Path, host: str, **overrides: Any) -> TicketSpec:
     }
     base.update(overrides)
     return TicketSpec.model_validate(base)
+
+
+def failing_spec(tmp_path: Path, host: str, *, max_attempts: int) -> TicketSpec:
+    """A ticket whose every attempt commits a patch that fails the decode gate."""
+    return ticket_spec(
+        make_engine_repo(tmp_path / "repo"),
+        host,
+        agent={"name": "scripted", "patch": SLOW_PATCH},
+        max_attempts=max_attempts,
+    )
 
 
 @asynccontextmanager

@@ -25,9 +25,6 @@ from tests.support import wait_for
 ROOT = Path(__file__).resolve().parents[1]
 HISTORIES = ROOT / "tests" / "histories"
 
-SLOW_PATCH = "--- a/speed.txt\n+++ b/speed.txt\n@@ -1 +1 @@\n-28.9\n+40.0\n"
-"""A patch that makes the decode gate FAIL (40 tok/s against a 55 tok/s threshold)."""
-
 
 def host_of(task_queue: str) -> str:
     return f"h-{task_queue[-8:]}"

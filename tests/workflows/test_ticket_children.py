@@ -17,8 +17,8 @@ from daedalus.schemas.ticket import CancelRequest, Decision, TicketSpec, TicketS
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 from daedalus.workflows.ticket import TicketWorkflow
-from tests.support import gate_command, make_engine_repo, running_workers, ticket_spec, wait_for
-from tests.ticket_helpers import SLOW_PATCH, events, host_of, pending, started
+from tests.support import SLOW_PATCH, gate_command, make_engine_repo, running_workers, ticket_spec, wait_for
+from tests.ticket_helpers import events, host_of, pending, started
 
 
 def umbrella(repo: Path, host: str, *children: TicketSpec) -> TicketSpec:

@@ -26,9 +26,8 @@ from daedalus.schemas.ticket import (
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 from daedalus.workflows.ticket import TicketWorkflow
-from tests.support import make_engine_repo, running_workers, status_is, ticket_spec, wait_for
+from tests.support import failing_spec, make_engine_repo, running_workers, status_is, ticket_spec, wait_for
 from tests.ticket_helpers import (
-    SLOW_PATCH,
     events,
     host_of,
     kinds,
@@ -279,12 +278,7 @@ async def test_escalation_options_close_the_ticket(
     reason: str,
 ) -> None:
     host = host_of(task_queue)
-    spec = ticket_spec(
-        make_engine_repo(tmp_path / "repo"),
-        host,
-        agent={"name": "scripted", "patch": SLOW_PATCH},
-        max_attempts=1,
-    )
+    spec = failing_spec(tmp_path, host, max_attempts=1)
     async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
         handle = await daedalus.file_ticket(temporal_client, spec, queue=task_queue)
         state, request = await pending(handle)
@@ -375,12 +369,7 @@ async def test_amend_changes_the_brief_of_the_next_attempt(
     temporal_client: Client, store_engine: Engine, tmp_path: Path, task_queue: str
 ) -> None:
     host = host_of(task_queue)
-    spec = ticket_spec(
-        make_engine_repo(tmp_path / "repo"),
-        host,
-        agent={"name": "scripted", "patch": SLOW_PATCH},
-        max_attempts=1,
-    )
+    spec = failing_spec(tmp_path, host, max_attempts=1)
     async with running_workers(temporal_client, store_engine, tmp_path, task_queue, host):
         handle = await daedalus.file_ticket(temporal_client, spec, queue=task_queue)
         _, request = await pending(handle)

@@ -12,7 +12,15 @@ from daedalus.schemas.ticket import AttemptOutcome, Decision, TicketState, Ticke
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 from daedalus.workflows.ticket import TicketWorkflow
-from tests.support import gate_command, make_engine_repo, running_workers, start_ticket, ticket_spec, wait_for
+from tests.support import (
+    failing_spec,
+    gate_command,
+    make_engine_repo,
+    running_workers,
+    start_ticket,
+    ticket_spec,
+    wait_for,
+)
 
 
 async def test_ticket_passes_and_every_transition_is_audited(
@@ -44,13 +52,7 @@ async def test_failed_gate_retries_with_evidence_then_escalates(
     temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
 ) -> None:
     host = f"h-{task_queue[-8:]}"
-    slow_patch = "--- a/speed.txt\n+++ b/speed.txt\n@@ -1 +1 @@\n-28.9\n+40.0\n"
-    spec = ticket_spec(
-        make_engine_repo(tmp_path / "repo"),
-        host,
-        agent={"name": "scripted", "patch": slow_patch},
-        max_attempts=3,
-    )
+    spec = failing_spec(tmp_path, host, max_attempts=3)
     async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
         handle = await start_ticket(temporal_client, spec, task_queue)
         state = await wait_for(handle, lambda s: s.pending_decision is not None)

@@ -34,8 +34,8 @@ from daedalus.schemas.ticket import (
     TicketStatus,
 )
 from daedalus.workflows.ticket import TicketWorkflow
-from tests.support import make_engine_repo, running_workers, ticket_spec
-from tests.ticket_helpers import HISTORIES, SLOW_PATCH, host_of, pending
+from tests.support import failing_spec, make_engine_repo, running_workers, ticket_spec
+from tests.ticket_helpers import HISTORIES, host_of, pending
 
 STORED = sorted(HISTORIES.glob("ticket-*.json"))
 CASES = {"passed", "escalated-stopped", "umbrella", "cancelled"}
@@ -109,12 +109,7 @@ async def test_record_escalated_amended_then_stopped(
     temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
 ) -> None:
     host = host_of(task_queue)
-    spec = ticket_spec(
-        make_engine_repo(tmp_path / "repo"),
-        host,
-        agent={"name": "scripted", "patch": SLOW_PATCH},
-        max_attempts=3,
-    )
+    spec = failing_spec(tmp_path, host, max_attempts=3)
     async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
         handle = await daedalus.file_ticket(temporal_client, spec, queue=task_queue)
         _, request = await pending(handle)
