@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: demo test engine lint bench clean
+.PHONY: demo test engine system lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,8 +12,12 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
+# Debian packages: bubblewrap (the agent sandbox) and chromium (browser tests of the report and API docs).
+system:
+	@scripts/install_system_packages.sh
+
 # llama.cpp source from PyPI (an install step), then the CMake build (cached by source hash; minutes, once).
-engine: $(STAMP)
+engine: $(STAMP) system
 	@scripts/fetch_llama_cpp.sh >/dev/null
 	@echo "llama.cpp build (cached after the first time):" && $(VENV)/bin/daedalus engine build
 

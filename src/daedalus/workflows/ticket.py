@@ -104,20 +104,27 @@ class TicketWorkflow:
         self.extra_budget_usd = 0.0
         self.published: dict[str, str] = {}
         self._answer: Decision | None = None
+        # What the store holds: the highest seq with every event up to it written, and the status it wrote.
+        # Queries report this, never the live status, so a reader never sees a closed ticket whose trail is
+        # still being written (the closing event is written after `status` changes).
+        self.written_seq = 0
+        self.written_status = TicketStatus.DRAFT
+        self._written_out_of_order: dict[int, TicketStatus] = {}
 
     # ---- queries and updates -------------------------------------------------------------------------
 
     @workflow.query(name="status")
     def state(self) -> TicketState:
+        """The ticket as its audit trail in the store shows it: status and seq never run ahead of the writes."""
         return TicketState(
             spec=self.spec,
-            status=self.status,
+            status=self.written_status,
             attempts=self.attempts,
             pending_decision=self.pending,
             decisions=self.decisions,
             children=self.children,
-            outcome_reason=self.outcome_reason,
-            audit_seq=self.seq,
+            outcome_reason=self.outcome_reason if self.written_status.is_closed else "",
+            audit_seq=self.written_seq,
         )
 
     @workflow.update
@@ -716,14 +723,15 @@ class TicketWorkflow:
         attempt: int = 0,
     ) -> None:
         self.seq += 1
+        seq = self.seq
         info = workflow.info()
         spec = self.spec
-        first_or_amended = self.seq == 1 or kind is AuditKind.AMENDED
+        first_or_amended = seq == 1 or kind is AuditKind.AMENDED
         record = AuditRecord(
             event=AuditEvent(
                 workflow_id=info.workflow_id,
                 run_id=info.first_execution_run_id,
-                seq=self.seq,
+                seq=seq,
                 ticket_id=spec.id,
                 kind=kind,
                 actor=actor.lower(),
@@ -756,6 +764,14 @@ class TicketWorkflow:
         await workflow.execute_activity(
             "record_audit_event", record, result_type=bool, start_to_close_timeout=AUDIT_TIMEOUT
         )
+        self._mark_written(seq, TicketStatus(record.event.status))
+
+    def _mark_written(self, seq: int, status: TicketStatus) -> None:
+        """Advance the written prefix; concurrent handlers may finish their writes out of order."""
+        self._written_out_of_order[seq] = status
+        while self.written_seq + 1 in self._written_out_of_order:
+            self.written_seq += 1
+            self.written_status = self._written_out_of_order.pop(self.written_seq)
 
 
 def _failure_signature(attempt: AttemptSummary) -> tuple[str, ...]:
