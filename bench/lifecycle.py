@@ -45,13 +45,14 @@ sys.path.insert(0, str(ROOT))
 
 from daedalus import client as daedalus  # noqa: E402
 from daedalus.devserver import DevServer  # noqa: E402
+from daedalus.ids import host_queue  # noqa: E402
 from daedalus.ports import free_port  # noqa: E402
 from daedalus.schemas.agents import AgentResult, ExitReason  # noqa: E402
 from daedalus.schemas.audit import AuditRecord  # noqa: E402
 from daedalus.schemas.gates import GateResult, Verdict  # noqa: E402
 from daedalus.schemas.notify import NotifyOutcome, NotifyResult  # noqa: E402
 from daedalus.schemas.steps import AttemptInput, BuildInput, BuildResult, GateInput  # noqa: E402
-from daedalus.schemas.ticket import Decision, DecisionRequest, TicketSpec, TicketStatus, host_queue  # noqa: E402
+from daedalus.schemas.ticket import Decision, DecisionRequest, TicketSpec, TicketStatus  # noqa: E402
 from daedalus.workflows.ticket import TicketWorkflow  # noqa: E402
 
 HOST = "bench"

@@ -17,6 +17,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from daedalus.ids import TRAINING_PREFIX
 from daedalus.schemas import search_attributes
 from daedalus.schemas.ticket import (
     CancelRequest,
@@ -28,7 +29,7 @@ from daedalus.schemas.ticket import (
     TicketSpec,
     TicketState,
 )
-from daedalus.schemas.training import TRAINING_PREFIX, TrainingRunStatus
+from daedalus.schemas.training import TrainingRunStatus
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
 

@@ -5,7 +5,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from daedalus.schemas.ticket import host_queue
+from daedalus.ids import host_queue
 
 CONTROL_QUEUE = "daedalus-control"
 __all__ = ["CONTROL_QUEUE", "Settings", "host_queue"]

@@ -13,7 +13,7 @@ from datetime import datetime
 
 from sqlmodel import Session, col, select
 
-from daedalus.schemas.training import TRAINING_PREFIX
+from daedalus.ids import TRAINING_PREFIX
 from daedalus.store import queries
 from daedalus.store.tables import AuditEventRow, DecisionRow, TicketRow, VerdictRow
 

@@ -18,7 +18,7 @@ from daedalus.activities.gates import GateActivities
 from daedalus.activities.notify import NotifyActivities
 from daedalus.activities.training import TrainingActivities
 from daedalus.activities.workspace import Workspace
-from daedalus.schemas.ticket import host_queue
+from daedalus.ids import host_queue
 from daedalus.slack.settings import SlackSettings
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow

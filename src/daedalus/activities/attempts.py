@@ -14,6 +14,7 @@ import structlog
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from daedalus.activities.refs import RUN_ATTEMPT
 from daedalus.activities.workspace import Workspace
 from daedalus.agents import worktree as wt
 from daedalus.agents.base import RESULT_FILE, RUNNING_FILE, USAGE_FILE, AgentConfigError, RunningRecord
@@ -34,7 +35,7 @@ class AttemptActivities:
         self.workspace = workspace
         self.settings = settings
 
-    @activity.defn(name="run_attempt")
+    @activity.defn(name=RUN_ATTEMPT.name)
     async def run_attempt(self, request: AttemptInput) -> AgentResult:
         spec = request.spec
         if spec.agent is None or spec.engine is None:

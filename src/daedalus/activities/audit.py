@@ -5,6 +5,7 @@ import asyncio
 from sqlalchemy import Engine
 from temporalio import activity
 
+from daedalus.activities.refs import RECORD_AUDIT_EVENT
 from daedalus.schemas.audit import AuditRecord
 from daedalus.store.database import session_scope
 from daedalus.store.records import apply
@@ -14,7 +15,7 @@ class AuditActivities:
     def __init__(self, engine: Engine):
         self.engine = engine
 
-    @activity.defn(name="record_audit_event")
+    @activity.defn(name=RECORD_AUDIT_EVENT.name)
     async def record_audit_event(self, record: AuditRecord) -> bool:
         """Write one transition; a retry of an already written event writes nothing and returns False."""
         return await asyncio.to_thread(self._write, record)

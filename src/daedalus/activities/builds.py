@@ -2,6 +2,7 @@
 
 from temporalio import activity
 
+from daedalus.activities.refs import RUN_BUILD
 from daedalus.activities.workspace import Workspace
 from daedalus.processes import run_logged
 from daedalus.schemas.steps import BuildInput, BuildResult
@@ -11,7 +12,7 @@ class BuildActivities:
     def __init__(self, workspace: Workspace):
         self.workspace = workspace
 
-    @activity.defn(name="run_build")
+    @activity.defn(name=RUN_BUILD.name)
     async def run_build(self, request: BuildInput) -> BuildResult:
         """A failing build is a result (the ticket decides what it means), not an activity error."""
         artifacts = self.workspace.attempt_artifacts(request.ticket_id, request.attempt)

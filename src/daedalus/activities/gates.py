@@ -6,6 +6,7 @@ from pathlib import Path
 from pydantic import ValidationError
 from temporalio import activity
 
+from daedalus.activities.refs import RUN_GATE
 from daedalus.activities.workspace import Workspace
 from daedalus.agents.worktree import GitError, prepare_worktree
 from daedalus.gates.verdicts import decide
@@ -18,7 +19,7 @@ class GateActivities:
     def __init__(self, workspace: Workspace):
         self.workspace = workspace
 
-    @activity.defn(name="run_gate")
+    @activity.defn(name=RUN_GATE.name)
     async def run_gate(self, request: GateInput) -> GateResult:
         """A command that crashes or prints no valid measurement is an INVALID verdict, never a FAIL."""
         gate = request.gate

@@ -13,8 +13,9 @@ from pathlib import Path
 from slack_sdk.errors import SlackApiError
 from temporalio import activity
 
+from daedalus.activities.refs import NOTIFY_DECISION_REQUEST
+from daedalus.decisions.schemas import DecisionRequest
 from daedalus.schemas.notify import NotifyOutcome, NotifyResult
-from daedalus.schemas.ticket import DecisionRequest
 from daedalus.slack.ledger import PostedLedger
 from daedalus.slack.notifier import SlackNotifier
 from daedalus.slack.settings import SlackSettings
@@ -30,7 +31,7 @@ class NotifyActivities:
         self.settings = settings
         self.ledger = PostedLedger(ledger_dir)
 
-    @activity.defn(name="notify_decision_request")
+    @activity.defn(name=NOTIFY_DECISION_REQUEST.name)
     async def notify_decision_request(self, request: DecisionRequest) -> NotifyResult:
         """Post the request (or its reminder) to the configured channel; a retry finds the first post and stops."""
         return await asyncio.to_thread(self._notify, request)

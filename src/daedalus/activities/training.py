@@ -8,13 +8,11 @@ from pathlib import Path
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from daedalus.activities.refs import SUPERVISE_TRAINING, TRAINING_HOST_REPORT
 from daedalus.engines.host_report import host_report
 from daedalus.engines.trainer_process import TrainingInputError
 from daedalus.engines.watchdog import supervise_segment
 from daedalus.schemas.training import HostReport, HostReportInput, SegmentReport, SuperviseInput
-
-SUPERVISE_NAME = "supervise_training"
-HOST_REPORT_NAME = "training_host_report"
 
 
 class TrainingActivities:
@@ -24,7 +22,7 @@ class TrainingActivities:
         self.artifact_dir = artifact_dir
         self.state_dir = state_dir or artifact_dir / "training-state"
 
-    @activity.defn(name=SUPERVISE_NAME)
+    @activity.defn(name=SUPERVISE_TRAINING.name)
     async def supervise_training(self, inp: SuperviseInput) -> SegmentReport:
         """Start or re-attach to the incarnation, watch it for one report interval, report what it saw."""
         details = activity.info().heartbeat_details
@@ -40,7 +38,7 @@ class TrainingActivities:
         except TrainingInputError as exc:
             raise ApplicationError(str(exc), type="TrainingInputError", non_retryable=True) from exc
 
-    @activity.defn(name=HOST_REPORT_NAME)
+    @activity.defn(name=TRAINING_HOST_REPORT.name)
     async def training_host_report(self, inp: HostReportInput) -> HostReport:
         """The host's invisible players (earlyoom, systemd-oomd, swapoff crons) and its swap."""
         return await asyncio.to_thread(host_report, inp)

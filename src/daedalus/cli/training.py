@@ -21,13 +21,13 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from daedalus.cli._common import client, console, fail, run
 from daedalus.config import Settings
+from daedalus.ids import training_workflow_id
 from daedalus.schemas.ticket import Decision
 from daedalus.schemas.training import (
     StopTraining,
     TrainingRunInput,
     TrainingRunSpec,
     TrainingRunStatus,
-    training_workflow_id,
 )
 from daedalus.workflows.training import TrainingRunWorkflow
 

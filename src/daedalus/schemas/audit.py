@@ -5,9 +5,9 @@ from enum import StrEnum
 
 from pydantic import Field
 
+from daedalus.decisions.schemas import Decision, DecisionRequest
 from daedalus.schemas._base import Model
 from daedalus.schemas.gates import GateResult
-from daedalus.schemas.ticket import Decision, DecisionRequest
 
 
 class AuditKind(StrEnum):
@@ -74,3 +74,12 @@ class AuditRecord(Model):
     decision: Decision | None = None
     attempt: int = 0
     gate_results: list[GateResult] = Field(default_factory=list)
+
+
+class TrailState(Model):
+    """What a workflow's audit trail hands the next run across continue-as-new (every write has finished)."""
+
+    seq: int = Field(
+        default=0, ge=0, description="the last event's sequence number; (first run id, seq) spans the chain"
+    )
+    status: str = Field(default="", description="the status the last written event carries")

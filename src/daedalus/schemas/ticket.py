@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from enum import StrEnum
 
 from pydantic import Field, field_validator, model_validator
 
+# Re-exported: a ticket's decisions are part of its schema; they live with every other subject's in decisions/.
+from daedalus.decisions.schemas import PERSON_PATTERN as PERSON_PATTERN
+from daedalus.decisions.schemas import Decision as Decision
+from daedalus.decisions.schemas import DecisionKind as DecisionKind
+from daedalus.decisions.schemas import DecisionRequest as DecisionRequest
+from daedalus.decisions.schemas import Delegation as Delegation
+from daedalus.decisions.schemas import DeskState
 from daedalus.schemas._base import Model
+from daedalus.schemas.audit import TrailState
 from daedalus.schemas.gates import GateResult, GateSpec
 
 TICKET_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-PERSON_PATTERN = r"^[a-z][a-z0-9_.-]{0,31}$"
-
-
-def host_queue(host: str) -> str:
-    """The task queue whose workers run on `host` and touch its hardware."""
-    return f"host-{host}"
 
 
 class TicketKind(StrEnum):
@@ -100,11 +101,6 @@ class ApprovalPolicy(Model):
             if kind not in known:
                 raise ValueError(f"cannot delegate unknown decision kind {kind!r}; known: {sorted(known)}")
         return {k: [n.lower() for n in v] for k, v in delegates.items()}
-
-
-class DecisionKind(StrEnum):
-    DISPATCH = "dispatch"
-    ESCALATION = "escalation"
 
 
 class TicketSpec(Model):
@@ -214,42 +210,6 @@ class AttemptSummary(Model):
     cost_source: str = "unavailable"
 
 
-class DecisionRequest(Model):
-    """A question for a person: options, evidence, who may answer, and until when."""
-
-    id: str
-    ticket_id: str
-    kind: DecisionKind
-    question: str
-    options: list[str] = Field(min_length=1)
-    evidence: list[str] = Field(default_factory=list)
-    deciders: list[str]
-    delegates: list[str] = Field(default_factory=list)
-    requested_at: datetime
-    reminders_sent: int = 0
-
-    def refusal(self, decision: Decision, subject: str) -> str | None:
-        """Why `decision` cannot answer this request (the `decide` validators' message), or None if it can."""
-        if decision.request_id != self.id:
-            return f"unknown decision request {decision.request_id!r}; the pending one is {self.id!r}"
-        if decision.option not in self.options:
-            return f"unknown option {decision.option!r} for {self.id}; choose one of {self.options}"
-        allowed = [*self.deciders, *(d for d in self.delegates if d not in self.deciders)]
-        if decision.decided_by.lower() not in allowed:
-            return f"{decision.decided_by} may not decide {self.kind.value} for {subject}; allowed: {allowed}"
-        return None
-
-
-class Decision(Model):
-    """An answer to a DecisionRequest, from any channel (CLI, HTTP, Slack, bot)."""
-
-    request_id: str = Field(min_length=1)
-    option: str = Field(min_length=1)
-    decided_by: str = Field(min_length=1, pattern=PERSON_PATTERN)
-    channel: str = Field(default="cli", pattern=r"^(cli|api|slack|bot|policy)$")
-    note: str = ""
-
-
 class SpecAmendment(Model):
     """A change to a live ticket's spec; applies from the next attempt on."""
 
@@ -259,14 +219,10 @@ class SpecAmendment(Model):
     max_attempts: int | None = Field(default=None, ge=1, le=10)
     note: str = ""
 
-
-class Delegation(Model):
-    """A decider lets `delegate` decide one kind of decision ("the lead may dispatch on my behalf")."""
-
-    granted_by: str = Field(pattern=PERSON_PATTERN)
-    delegate: str = Field(pattern=PERSON_PATTERN)
-    kind: DecisionKind = DecisionKind.DISPATCH
-    channel: str = Field(default="cli", pattern=r"^(cli|api|slack|bot|policy)$")
+    def changes(self) -> dict[str, object]:
+        """The spec fields this amendment sets."""
+        fields = {"spec": self.spec, "constraints": self.constraints, "max_attempts": self.max_attempts}
+        return {name: value for name, value in fields.items() if value is not None}
 
 
 class CancelRequest(Model):
@@ -274,11 +230,34 @@ class CancelRequest(Model):
     reason: str = Field(min_length=1)
 
 
+class TicketCarry(Model):
+    """Everything a ticket knows, in one model: what one workflow run hands the next across continue-as-new."""
+
+    status: TicketStatus = TicketStatus.DRAFT
+    attempts: list[AttemptSummary] = Field(default_factory=list)
+    children: dict[str, TicketStatus] = Field(default_factory=dict)
+    outcome_reason: str = ""
+    dispatch_approved: bool = False
+    extra_attempts: int = Field(default=0, ge=0, description="granted by the decider's retries")
+    extra_budget_usd: float = Field(default=0.0, ge=0)
+    retry_granted_after: int = Field(
+        default=0, ge=0, description="attempts made when the last retry was granted"
+    )
+    escalation_why: str = Field(default="", description="why the pending escalation was asked")
+    desk: DeskState = Field(default_factory=DeskState)
+    trail: TrailState = Field(default_factory=TrailState)
+    continued: int = Field(default=0, ge=0, description="how many times the ticket continued as new")
+
+
 class TicketInput(Model):
     """The one argument of TicketWorkflow."""
 
     spec: TicketSpec
     filed_by: str = "cli"
+    history_limit: int = Field(
+        default=2000, ge=30, le=9000, description="continue as new, at a reminder, past this many events"
+    )
+    carry: TicketCarry | None = Field(default=None, description="set only by the ticket continuing as new")
 
 
 class TicketState(Model):
@@ -292,6 +271,7 @@ class TicketState(Model):
     children: dict[str, TicketStatus] = Field(default_factory=dict)
     outcome_reason: str = ""
     audit_seq: int = 0
+    continued: int = 0
 
 
 TicketSpec.model_rebuild()

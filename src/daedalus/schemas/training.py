@@ -9,8 +9,11 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
+from daedalus.decisions.schemas import Decision, DecisionRequest, DeskState
+from daedalus.ids import training_workflow_id
 from daedalus.schemas._base import Model
-from daedalus.schemas.ticket import AgentName, ApprovalPolicy, Decision, DecisionRequest, EngineRef
+from daedalus.schemas.audit import TrailState
+from daedalus.schemas.ticket import AgentName, ApprovalPolicy, EngineRef
 
 RUN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$"
 GIB = 1024**3
@@ -18,14 +21,6 @@ MIB = 1024**2
 
 CHECKPOINT_MARKER = "COMPLETE"
 """A checkpoint directory counts only once it holds this file, which the trainer writes last."""
-
-
-TRAINING_PREFIX = "training-"
-
-
-def training_workflow_id(name: str) -> str:
-    """A run's workflow id, which is also its audit subject and the prefix of its decision requests."""
-    return f"{TRAINING_PREFIX}{name}"
 
 
 class MemorySource(StrEnum):
@@ -317,17 +312,20 @@ class TrainingCarry(Model):
     death_counter: int = 0
     escalations: int = 0
     hunting_tickets: list[str] = Field(default_factory=list)
-    pending_decision: DecisionRequest | None = None
-    decisions: list[Decision] = Field(default_factory=list)
     stop: StopTraining | None = None
     last_report: SegmentReport | None = None
     host_report: HostReport | None = None
     continued: int = 0
-    audit_seq: int = Field(
-        default=0,
-        ge=0,
-        description="the last audit event's sequence number; (first run id, seq) spans the chain",
+    desk: DeskState | None = Field(
+        default=None, description="the decision desk's state; None in older carries"
     )
+    trail: TrailState | None = Field(
+        default=None, description="the audit trail's state; None in older carries"
+    )
+    # Carries written before the desk and the trail held these; read (never written) by TrainingRunWorkflow.
+    pending_decision: DecisionRequest | None = None
+    decisions: list[Decision] = Field(default_factory=list)
+    audit_seq: int = Field(default=0, ge=0)
 
 
 class TrainingRunInput(Model):
@@ -355,3 +353,4 @@ class TrainingRunStatus(Model):
     pending_decision: DecisionRequest | None = None
     host_report: HostReport | None = None
     continued: int = 0
+    audit_seq: int = Field(default=0, description="the last audit event the store holds")

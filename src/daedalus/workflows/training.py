@@ -17,23 +17,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
-    from daedalus.schemas.audit import AuditEvent, AuditKind, AuditRecord
-    from daedalus.schemas.ticket import (
-        AgentSpec,
+    from daedalus.activities.refs import SUPERVISE_TRAINING, TRAINING_HOST_REPORT
+    from daedalus.decisions.desk import DecisionDesk, Waiting
+    from daedalus.decisions.schemas import (
         Decision,
         DecisionKind,
-        DecisionRequest,
-        TicketInput,
-        TicketKind,
-        TicketSpec,
+        Delegation,
+        DeskState,
+        TrainingEscalationOption,
+        TrainingRunSubject,
     )
+    from daedalus.ids import host_queue, ticket_workflow_id
+    from daedalus.schemas.audit import AuditKind, TrailState
+    from daedalus.schemas.ticket import AgentSpec, TicketInput, TicketKind, TicketSpec
     from daedalus.schemas.training import (
         COUNTED_DEATHS,
         Death,
@@ -44,27 +47,23 @@ with workflow.unsafe.imports_passed_through():
         SegmentReport,
         StopTraining,
         SuperviseInput,
-        TrainingCarry,
         TrainingRunInput,
         TrainingRunSpec,
         TrainingRunStatus,
     )
+    from daedalus.workflows.steps import StepFailed, Steps
+    from daedalus.workflows.trail import AuditTrail
 
-SUPERVISE_ACTIVITY = "supervise_training"
-HOST_REPORT_ACTIVITY = "training_host_report"
-TICKET_WORKFLOW = "TicketWorkflow"
-AUDIT_ACTIVITY = "record_audit_event"
-AUDIT_TIMEOUT = timedelta(seconds=30)
 AUDIT_PATCH = "training-audit-events"
 """Histories recorded before runs wrote audit events replay without them (tests/histories/training-v1-*)."""
+DESK_PATCH = "training-decision-desk"
+"""Escalations posted to Slack and reminded, as a ticket's are; histories recorded before (training-escalation,
+training-reattach) replay without the notifications and reminders."""
+HUNTING_TICKET_WORKFLOW = "TicketWorkflow"
+"""By name, not by `TicketWorkflow.run`: the run never reads the hunt's result, and a typed start would decode
+it (stored histories hold hunts whose test stand-in returned something else)."""
 LAUNCH_ALLOWANCE_S = 60.0
 ENDED = (RunState.STOPPED, RunState.FINISHED, RunState.GAVE_UP)
-
-
-class EscalationOption:
-    RESTART = "restart"
-    STOP = "stop"
-    OPTIONS = [RESTART, STOP]
 
 
 def hunting_ticket_id(run: str, escalation: int) -> str:
@@ -92,19 +91,41 @@ class TrainingRunWorkflow:
     @workflow.init
     def __init__(self, inp: TrainingRunInput) -> None:
         self.spec: TrainingRunSpec = inp.spec
-        self.c: TrainingCarry = inp.carry
-        self.answer: Decision | None = None
+        self.c = inp.carry
         self.segment: workflow.ActivityHandle[SegmentReport] | None = None
+        c = self.c  # a carry written before the desk and the trail keeps their state in its own fields
+        desk = c.desk or DeskState(
+            pending=c.pending_decision,
+            decisions=c.decisions,
+            requests_made=c.escalations,
+            delegates={k: list(v) for k, v in self.spec.approval.delegates.items()},
+        )
+        self.trail = AuditTrail(
+            self.spec.workflow_id,
+            status=lambda: self.c.state.value,
+            carried=c.trail or TrailState(seq=c.audit_seq, status=c.state.value),
+            writes=lambda: workflow.patched(AUDIT_PATCH),
+        )
+        self.desk = DecisionDesk(
+            TrainingRunSubject(run=self.spec.name),
+            self.spec.workflow_id,
+            self.trail,
+            desk,
+            deciders=lambda: self.spec.approval.deciders,
+            notify=lambda: workflow.patched(DESK_PATCH),
+        )
+        self.steps = Steps(lambda: False)
 
     # ---- queries, updates, signals --------------------------------------------------------------------
 
     @workflow.query
     def status(self) -> TrainingRunStatus:
+        """The run as its audit trail in the store shows it: the state never runs ahead of the writes."""
         report = self.c.last_report
         return TrainingRunStatus(
             name=self.spec.name,
             host=self.spec.host,
-            state=self.c.state,
+            state=RunState(self.trail.written_status),
             incarnation=self.c.incarnation,
             memory_now=report.memory_now if report else None,
             slope_gib_per_h=report.slope_gib_per_h if report else None,
@@ -114,27 +135,31 @@ class TrainingRunWorkflow:
             deaths=self.c.deaths,
             death_counter=self.c.death_counter,
             hunting_tickets=self.c.hunting_tickets,
-            pending_decision=self.c.pending_decision,
+            pending_decision=self.desk.shown,
             host_report=self.c.host_report,
             continued=self.c.continued,
+            audit_seq=self.trail.written_seq,
         )
 
     @workflow.update
     def decide(self, decision: Decision) -> TrainingRunStatus:
         """Answer the pending escalation; the validator has checked id, option and authority."""
-        self.answer = decision
+        self.desk.answer(decision)
         return self.status()
 
     @decide.validator
     def _validate_decide(self, decision: Decision) -> None:
-        request = self.c.pending_decision
-        if request is None or self.answer is not None:
-            raise ValueError(
-                f"training run {self.spec.name} is not waiting for a decision ({self.c.state.value})"
-            )
-        refusal = request.refusal(decision, f"run {self.spec.name}")
-        if refusal is not None:
-            raise ValueError(refusal)
+        self.desk.validate(decision, self.c.state.value)
+
+    @workflow.update
+    async def delegate(self, delegation: Delegation) -> list[str]:
+        """A decider lets someone else decide the run's escalations on their behalf."""
+        return await self.desk.delegate(delegation)
+
+    @delegate.validator
+    def _validate_delegate(self, delegation: Delegation) -> None:
+        self.desk.validate_delegation(delegation)
+        self._validate_stop(StopTraining(requested_by=delegation.granted_by))
 
     @workflow.update
     def stop(self, request: StopTraining) -> TrainingRunStatus:
@@ -165,9 +190,9 @@ class TrainingRunWorkflow:
             await self._live()
         except ApplicationError as err:
             if self.c.state is RunState.GAVE_UP:
-                await self._audit(AuditKind.CLOSED, f"gave up: {err.message}")
+                await self.trail.record(AuditKind.CLOSED, f"gave up: {err.message}")
             raise
-        await self._audit(AuditKind.CLOSED, self._ending(), actor=self._ended_by())
+        await self.trail.record(AuditKind.CLOSED, self._ending(), actor=self._ended_by())
         return self.status()
 
     async def _live(self) -> None:
@@ -193,52 +218,25 @@ class TrainingRunWorkflow:
                     return
             if self._history_is_long():
                 await workflow.wait_condition(workflow.all_handlers_finished)
-                workflow.continue_as_new(
-                    TrainingRunInput(
-                        spec=self.spec, carry=self.c.model_copy(update={"continued": self.c.continued + 1})
-                    )
-                )
+                self._continue_as_new()
+
+    def _continue_as_new(self) -> NoReturn:
+        carry = self.c.model_copy(
+            update={
+                "continued": self.c.continued + 1,
+                "desk": self.desk.state,
+                "trail": self.trail.carry(),
+                "pending_decision": None,
+                "decisions": [],
+                "audit_seq": 0,
+            }
+        )
+        workflow.continue_as_new(TrainingRunInput(spec=self.spec, carry=carry))
 
     def _set(self, **changes: object) -> None:
         self.c = self.c.model_copy(update=changes)
 
     # ---- audit ---------------------------------------------------------------------------------------
-
-    async def _audit(
-        self,
-        kind: AuditKind,
-        summary: str,
-        *,
-        actor: str = "daedalus",
-        detail: dict[str, str] | None = None,
-        decision_request: DecisionRequest | None = None,
-        decision: Decision | None = None,
-    ) -> None:
-        """Write one transition. The seq is taken before the await, so concurrent handlers never share one."""
-        if not workflow.patched(AUDIT_PATCH):
-            return
-        seq = self.c.audit_seq + 1
-        self._set(audit_seq=seq)
-        info = workflow.info()
-        record = AuditRecord(
-            event=AuditEvent(
-                workflow_id=info.workflow_id,
-                run_id=info.first_execution_run_id,
-                seq=seq,
-                ticket_id=self.spec.workflow_id,
-                kind=kind,
-                actor=actor.lower(),
-                at=workflow.now(),
-                status=self.c.state.value,
-                summary=summary,
-                detail=detail or {},
-            ),
-            decision_request=decision_request,
-            decision=decision,
-        )
-        await workflow.execute_activity(
-            AUDIT_ACTIVITY, record, result_type=bool, start_to_close_timeout=AUDIT_TIMEOUT
-        )
 
     async def _audit_start(self, verb: str) -> None:
         resume = self._resume_from()
@@ -247,7 +245,7 @@ class TrainingRunWorkflow:
             detail["resume_from"] = resume
         if self.c.host_report is not None:
             detail["host_report"] = self.c.host_report.summary()
-        await self._audit(
+        await self.trail.record(
             AuditKind.TRAINING,
             f"{verb} incarnation {self.c.incarnation} on {self.spec.host}"
             + (f", resuming from {resume}" if resume else ""),
@@ -269,7 +267,7 @@ class TrainingRunWorkflow:
             "log_tail": death.log_tail_path,
             "death_counter": self.c.death_counter,
         }
-        await self._audit(
+        await self.trail.record(
             AuditKind.DEATH,
             f"{death.id} died: {death.death_class.value}: {death.summary}",
             actor=actor,
@@ -281,22 +279,21 @@ class TrainingRunWorkflow:
         if state is RunState.STOPPED and self.c.stop is not None:
             return f"stopped by {self.c.stop.requested_by}: {self.c.stop.reason}"
         last = self.c.deaths[-1] if self.c.deaths else None
-        if (
-            state is RunState.STOPPED
-            and self.c.decisions
-            and self.c.decisions[-1].option == EscalationOption.STOP
-        ):
-            return (
-                f"stopped by {self.c.decisions[-1].decided_by}'s decision after {len(self.c.deaths)} deaths"
-            )
+        decisions = self.desk.state.decisions
+        if state is RunState.STOPPED and decisions and decisions[-1].option == TrainingEscalationOption.STOP:
+            return f"stopped by {decisions[-1].decided_by}'s decision after {len(self.c.deaths)} deaths"
         cause = f" after {last.id}: {last.summary}" if last is not None else ""
         return f"{state.value}{cause}"
 
     def _ended_by(self) -> str:
         if self.c.stop is not None:
             return self.c.stop.requested_by
-        last = self.c.decisions[-1] if self.c.decisions else None
-        if self.c.state is RunState.STOPPED and last is not None and last.option == EscalationOption.STOP:
+        last = self.desk.state.decisions[-1] if self.desk.state.decisions else None
+        if (
+            self.c.state is RunState.STOPPED
+            and last is not None
+            and last.option == TrainingEscalationOption.STOP
+        ):
             return last.decided_by
         return "daedalus"
 
@@ -308,18 +305,18 @@ class TrainingRunWorkflow:
         )
 
     async def _host_report(self) -> HostReport | None:
-        try:
-            return await workflow.execute_activity(
-                HOST_REPORT_ACTIVITY,
-                HostReportInput(host=self.spec.host),
-                result_type=HostReport,
-                task_queue=f"host-{self.spec.host}",
-                start_to_close_timeout=timedelta(seconds=60),
-                retry_policy=RetryPolicy(maximum_attempts=3),
-            )
-        except ActivityError as err:
-            workflow.logger.warning("host report failed for %s: %s", self.spec.name, err)
+        report = await self.steps.on_host(
+            TRAINING_HOST_REPORT,
+            HostReportInput(host=self.spec.host),
+            host=self.spec.host,
+            timeout=timedelta(seconds=60),
+            heartbeat=None,
+            retry=RetryPolicy(maximum_attempts=3),
+        )
+        if isinstance(report, StepFailed):
+            workflow.logger.warning("host report failed for %s: %s", self.spec.name, report.message)
             return None
+        return report
 
     async def _supervise(self) -> SegmentReport:
         policy = self.spec.watchdog
@@ -334,11 +331,9 @@ class TrainingRunWorkflow:
             policy.report_interval_s + policy.checkpoint_grace_s + policy.term_grace_s + LAUNCH_ALLOWANCE_S
         )
         while True:
-            self.segment = workflow.start_activity(
-                SUPERVISE_ACTIVITY,
+            self.segment = SUPERVISE_TRAINING.start(
                 inp,
-                result_type=SegmentReport,
-                task_queue=f"host-{self.spec.host}",
+                task_queue=host_queue(self.spec.host),
                 start_to_close_timeout=timedelta(seconds=budget),
                 heartbeat_timeout=timedelta(seconds=max(2.0, 5 * policy.sample_interval_s)),
                 cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
@@ -427,34 +422,28 @@ class TrainingRunWorkflow:
         if ticket_id not in self.c.hunting_tickets:
             await self._open_hunting_ticket(ticket_id, counted)
             self._set(hunting_tickets=[*self.c.hunting_tickets, ticket_id])
-            await self._audit(
+            await self.trail.record(
                 AuditKind.HUNT,
                 f"opened hunting ticket {ticket_id} for {self.spec.hunt.agent.value} after {len(counted)} deaths",
                 detail={
                     "ticket": ticket_id,
-                    "workflow_id": f"ticket-{ticket_id}",
+                    "workflow_id": ticket_workflow_id(ticket_id),
                     "deaths": ", ".join(d.id for d in counted),
                 },
             )
-        request = DecisionRequest(
-            id=f"{self.spec.workflow_id}-escalation-{number}",
-            ticket_id=ticket_id,
-            kind=DecisionKind.ESCALATION,
-            question=(
-                f"Training run {self.spec.name} died {len(counted)} times; hunting ticket {ticket_id} is open. "
-                f"Restart from the last checkpoint, or stop the run?"
-            ),
-            options=EscalationOption.OPTIONS,
-            evidence=[f"{d.id}: {d.death_class.value}: {d.summary} ({d.curve_path})" for d in counted],
-            deciders=self.spec.approval.deciders,
-            delegates=self.spec.approval.delegates.get(DecisionKind.ESCALATION.value, []),
-            requested_at=workflow.now(),
+        question = (
+            f"Training run {self.spec.name} died {len(counted)} times; hunting ticket {ticket_id} is open. "
+            f"Restart from the last checkpoint, or stop the run?"
         )
-        self._set(escalations=number, pending_decision=request, state=RunState.AWAITING_DECISION)
-        await self._audit(
-            AuditKind.DECISION_REQUESTED,
-            f"asked {', '.join(sorted({*request.deciders, *request.delegates}))}: {request.question}",
-            decision_request=request,
+        evidence = [f"{d.id}: {d.death_class.value}: {d.summary} ({d.curve_path})" for d in counted]
+        self._set(escalations=number)
+        await self.desk.request(
+            DecisionKind.ESCALATION,
+            question,
+            TrainingEscalationOption,
+            evidence,
+            ticket_id=ticket_id,
+            before_write=lambda request: self._set(state=RunState.AWAITING_DECISION),
         )
 
     async def _open_hunting_ticket(self, ticket_id: str, deaths: list[Death]) -> None:
@@ -475,9 +464,9 @@ class TrainingRunWorkflow:
         )
         try:
             await workflow.start_child_workflow(
-                TICKET_WORKFLOW,
+                HUNTING_TICKET_WORKFLOW,
                 TicketInput(spec=spec, filed_by=self.spec.workflow_id),
-                id=f"ticket-{ticket_id}",
+                id=ticket_workflow_id(ticket_id),
                 parent_close_policy=workflow.ParentClosePolicy.ABANDON,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             )
@@ -485,21 +474,16 @@ class TrainingRunWorkflow:
             workflow.logger.info("hunting ticket %s is already open", ticket_id)
 
     async def _await_decision(self) -> None:
-        await workflow.wait_condition(lambda: self.answer is not None or self.c.stop is not None)
-        answer = self.answer
-        self.answer = None
-        decisions = [*self.c.decisions, answer] if answer else self.c.decisions
-        request = self.c.pending_decision
-        self._set(decisions=decisions, pending_decision=None)
-        if answer is not None and request is not None:
-            await self._audit(
-                AuditKind.DECIDED,
-                f"{answer.decided_by} chose {answer.option!r} for {request.id} via {answer.channel}",
-                actor=answer.decided_by,
-                decision=answer,
-                detail={"request": request.id, "option": answer.option, "channel": answer.channel},
-            )
-        if answer is None or answer.option == EscalationOption.STOP:
+        reminders = workflow.patched(DESK_PATCH)
+        waiting = Waiting(
+            reminder=timedelta(seconds=self.spec.approval.reminder_interval_s) if reminders else None,
+            interrupted=lambda: self.c.stop is not None,
+            history_is_long=self._history_is_long,
+            continue_as_new=self._continue_as_new,
+        )
+        answer = await self.desk.wait(TrainingEscalationOption, waiting)
+        if answer is None or answer.option is TrainingEscalationOption.STOP:
+            self.desk.withdraw()
             self._set(state=RunState.STOPPED)
             return
         # The decider restarts: the counter starts again, the next incarnation resumes from the checkpoint.

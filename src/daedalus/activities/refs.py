@@ -1,0 +1,65 @@
+"""Every activity a workflow calls, declared once with its name, its input and its output.
+
+Workflows call `RUN_ATTEMPT.execute(AttemptInput(...), ...)` and get an `AgentResult` back, checked by mypy;
+each `@activity.defn` takes its name from here, and tests/activities/test_refs.py checks that the definitions'
+signatures match these declarations. This module imports schemas only, so workflows import it without pulling
+in the agents, engines or store that the activities themselves need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from temporalio import workflow
+
+from daedalus.decisions.schemas import DecisionRequest
+from daedalus.schemas.agents import AgentResult
+from daedalus.schemas.audit import AuditRecord
+from daedalus.schemas.gates import GateResult
+from daedalus.schemas.notify import NotifyResult
+from daedalus.schemas.steps import AttemptInput, BuildInput, BuildResult, GateInput
+from daedalus.schemas.training import HostReport, HostReportInput, SegmentReport, SuperviseInput
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+
+@dataclass(frozen=True)
+class ActivityRef(Generic[In, Out]):
+    """An activity as a workflow sees it: called by name, its argument and result typed."""
+
+    name: str
+    input: type[In]
+    output: type[Out]
+
+    async def execute(self, argument: In, **options: Any) -> Out:
+        """`workflow.execute_activity` with this activity's name and result type (workflow code only)."""
+        result: Out = await workflow.execute_activity(self.name, argument, result_type=self.output, **options)
+        return result
+
+    def start(self, argument: In, **options: Any) -> workflow.ActivityHandle[Out]:
+        """`workflow.start_activity`: a handle the workflow can cancel (workflow code only)."""
+        handle: workflow.ActivityHandle[Out] = workflow.start_activity(
+            self.name, argument, result_type=self.output, **options
+        )
+        return handle
+
+
+RUN_ATTEMPT = ActivityRef("run_attempt", AttemptInput, AgentResult)
+RUN_BUILD = ActivityRef("run_build", BuildInput, BuildResult)
+RUN_GATE = ActivityRef("run_gate", GateInput, GateResult)
+RECORD_AUDIT_EVENT = ActivityRef("record_audit_event", AuditRecord, bool)
+NOTIFY_DECISION_REQUEST = ActivityRef("notify_decision_request", DecisionRequest, NotifyResult)
+SUPERVISE_TRAINING = ActivityRef("supervise_training", SuperviseInput, SegmentReport)
+TRAINING_HOST_REPORT = ActivityRef("training_host_report", HostReportInput, HostReport)
+
+WORKFLOW_ACTIVITIES: tuple[ActivityRef[Any, Any], ...] = (
+    RUN_ATTEMPT,
+    RUN_BUILD,
+    RUN_GATE,
+    RECORD_AUDIT_EVENT,
+    NOTIFY_DECISION_REQUEST,
+    SUPERVISE_TRAINING,
+    TRAINING_HOST_REPORT,
+)

@@ -1,0 +1,156 @@
+"""Decisions on the wire: what is asked (a request about a typed subject), what may be answered, the answer.
+
+Pydantic models only, safe inside workflows. Each question has its option enum; a request carries the enum's
+values, and the desk turns a validated answer back into a member of that enum, so no code path ever meets an
+option it does not know.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from daedalus.ids import ticket_workflow_id, training_workflow_id
+from daedalus.schemas._base import Model
+
+PERSON_PATTERN = r"^[a-z][a-z0-9_.-]{0,31}$"
+
+
+class DecisionKind(StrEnum):
+    DISPATCH = "dispatch"
+    ESCALATION = "escalation"
+
+
+class Channel(StrEnum):
+    """Where an answer came from. Every channel reaches the same `decide` update."""
+
+    CLI = "cli"
+    API = "api"
+    SLACK = "slack"
+    BOT = "bot"
+    POLICY = "policy"
+
+
+class DispatchOption(StrEnum):
+    """May the agent start on the ticket?"""
+
+    APPROVE = "approve"
+    REJECT = "reject"
+
+
+class TicketEscalationOption(StrEnum):
+    """A ticket could not decide on its own (attempts used up, the same failure twice, undecided gates)."""
+
+    RETRY = "retry"
+    ACCEPT = "accept"
+    EXCEPTION = "close-under-exception"
+    FAIL = "fail"
+    STOP = "stop"
+
+
+TICKET_ESCALATION_MEANING = (
+    "retry = one more attempt with the evidence; accept = close as passed on your authority; "
+    "close-under-exception = close under the brief's exception; fail = close as failed; "
+    "stop = stopped by the rules"
+)
+
+
+class TrainingEscalationOption(StrEnum):
+    """A training run died too often: restart it from its last checkpoint, or stop it."""
+
+    RESTART = "restart"
+    STOP = "stop"
+
+
+class TicketSubject(Model):
+    kind: Literal["ticket"] = "ticket"
+    ticket_id: str
+
+    @property
+    def workflow_id(self) -> str:
+        return ticket_workflow_id(self.ticket_id)
+
+    @property
+    def label(self) -> str:
+        return f"ticket {self.ticket_id}"
+
+
+class TrainingRunSubject(Model):
+    kind: Literal["training_run"] = "training_run"
+    run: str
+
+    @property
+    def workflow_id(self) -> str:
+        return training_workflow_id(self.run)
+
+    @property
+    def label(self) -> str:
+        return f"training run {self.run}"
+
+
+DecisionSubject = Annotated[TicketSubject | TrainingRunSubject, Field(discriminator="kind")]
+"""What a decision is about; its workflow answers the `decide` update. GPU leases and campaigns come next."""
+
+
+class DecisionRequest(Model):
+    """A question for a person: options, evidence, who may answer, and until when."""
+
+    id: str
+    ticket_id: str = Field(
+        description="the ticket the request concerns (a training run's: its hunting ticket)"
+    )
+    kind: DecisionKind
+    question: str
+    options: list[str] = Field(min_length=1)
+    evidence: list[str] = Field(default_factory=list)
+    deciders: list[str]
+    delegates: list[str] = Field(default_factory=list)
+    requested_at: datetime
+    reminders_sent: int = 0
+    subject: DecisionSubject | None = Field(
+        default=None, description="whose workflow asked; None only in requests made before subjects existed"
+    )
+
+    @property
+    def allowed(self) -> list[str]:
+        """Who may answer: the deciders, then their delegates for this kind."""
+        return [*self.deciders, *(d for d in self.delegates if d not in self.deciders)]
+
+    @property
+    def subject_label(self) -> str:
+        return self.subject.label if self.subject is not None else f"ticket {self.ticket_id}"
+
+
+class Decision(Model):
+    """An answer to a DecisionRequest, from any channel (CLI, HTTP, Slack, bot)."""
+
+    request_id: str = Field(min_length=1)
+    option: str = Field(
+        min_length=1, description="one of the request's options; the `decide` validator checks"
+    )
+    decided_by: str = Field(min_length=1, pattern=PERSON_PATTERN)
+    channel: Channel = Channel.CLI
+    note: str = ""
+
+
+class Delegation(Model):
+    """A decider lets `delegate` decide one kind of decision ("the lead may dispatch on my behalf")."""
+
+    granted_by: str = Field(pattern=PERSON_PATTERN)
+    delegate: str = Field(pattern=PERSON_PATTERN)
+    kind: DecisionKind = DecisionKind.DISPATCH
+    channel: Channel = Channel.CLI
+
+
+class DeskState(Model):
+    """The decision desk's part of a workflow's state: carried across continue-as-new."""
+
+    pending: DecisionRequest | None = None
+    decisions: list[Decision] = Field(default_factory=list)
+    requests_made: int = 0
+    delegates: dict[str, list[str]] = Field(
+        default_factory=dict, description="decision kind -> people who may decide it for the deciders"
+    )

@@ -1,0 +1,26 @@
+"""Workflow ids and task-queue names, made here and nowhere else.
+
+A ticket lives as workflow `ticket-<id>`, a training run as `training-<name>`; the control queue runs the
+workflows and the activities that touch the network or the store, and `host-<name>` the ones that touch a host.
+"""
+
+from __future__ import annotations
+
+CONTROL_QUEUE = "daedalus-control"
+TICKET_PREFIX = "ticket-"
+TRAINING_PREFIX = "training-"
+HOST_QUEUE_PREFIX = "host-"
+
+
+def ticket_workflow_id(ticket_id: str) -> str:
+    return f"{TICKET_PREFIX}{ticket_id}"
+
+
+def training_workflow_id(name: str) -> str:
+    """A run's workflow id, which is also its audit subject."""
+    return f"{TRAINING_PREFIX}{name}"
+
+
+def host_queue(host: str) -> str:
+    """The task queue whose workers run on `host` and touch its hardware."""
+    return f"{HOST_QUEUE_PREFIX}{host}"

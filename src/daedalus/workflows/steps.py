@@ -1,0 +1,100 @@
+"""Step plumbing shared by the workflows: run a step on a host's queue, let an update interrupt it.
+
+A step that fails after its retries (a host worker lost, a crash) is a `StepFailed` result the workflow
+records and moves on from, never a crash of the workflow. An interruption (a ticket's cancel, a run's stop)
+cancels the running step, and with it the activity's process group on the host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, FailureError
+
+with workflow.unsafe.imports_passed_through():
+    from daedalus.activities.refs import ActivityRef
+    from daedalus.ids import host_queue
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+T = TypeVar("T")
+
+# Steps heartbeat every 1-2 s; a host worker that died is noticed after this long and the step retried.
+STEP_HEARTBEAT = timedelta(seconds=20)
+STEP_RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=2))
+
+
+@dataclass(frozen=True)
+class StepFailed:
+    """A host step that failed after its retries: recorded, then the workflow moves on."""
+
+    message: str
+
+
+class Interrupted(Exception):
+    """The workflow was asked to stop (a ticket's cancel): whatever the running step raised means this."""
+
+
+class Steps:
+    def __init__(self, interrupted: Callable[[], bool]) -> None:
+        self._interrupted = interrupted
+        self._current: asyncio.Task[Any] | None = None
+
+    def cancel_running(self) -> None:
+        """Cancel the step that is running (an update calls this after setting what `interrupted` reads)."""
+        if self._current is not None and not self._current.done():
+            self._current.cancel()
+
+    async def on_host(
+        self,
+        ref: ActivityRef[In, Out],
+        argument: In,
+        *,
+        host: str,
+        timeout: timedelta,
+        heartbeat: timedelta | None = STEP_HEARTBEAT,
+        retry: RetryPolicy = STEP_RETRY,
+    ) -> Out | StepFailed:
+        """Run `ref` on `host`'s queue; a step that fails after its retries is a result, not a crash."""
+        try:
+            return await self.run(
+                ref.execute(
+                    argument,
+                    task_queue=host_queue(host),
+                    start_to_close_timeout=timeout,
+                    heartbeat_timeout=heartbeat,
+                    retry_policy=retry,
+                )
+            )
+        except ActivityError as error:
+            cause = error.cause
+            return StepFailed(message=str(cause.message if isinstance(cause, FailureError) else error))
+
+    async def run(self, awaitable: Awaitable[T]) -> T:
+        """Run one step so that an interruption can cancel it. Once interrupted, whatever the step raises
+        (CancelledError, or the ActivityError or ChildWorkflowError that wraps it) means `Interrupted`."""
+        self.raise_if_interrupted(awaitable)
+        task = asyncio.ensure_future(awaitable)
+        self._current = task
+        try:
+            return await task
+        except BaseException:
+            if self._interrupted():
+                raise Interrupted() from None
+            raise
+        finally:
+            self._current = None
+
+    def raise_if_interrupted(self, pending: object = None) -> None:
+        if not self._interrupted():
+            return
+        if inspect.iscoroutine(pending):
+            pending.close()  # never started: close it rather than leave it unawaited
+        raise Interrupted()

@@ -1,0 +1,156 @@
+"""The ticket's pure rules: when to stop and ask, what counts as the same failure, what gate results and
+answers mean for the ticket. No Temporal here: tests/workflows/test_ticket_rules.py checks them directly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import assert_never
+
+from daedalus.decisions.schemas import TicketEscalationOption
+from daedalus.schemas.gates import GateResult, GateSpec, Verdict
+from daedalus.schemas.ticket import AttemptOutcome, AttemptSummary, TicketSpec, TicketStatus
+
+Closed = tuple[TicketStatus, str]
+"""A ticket's outcome: the closed status and its reason."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What the decider granted beyond the spec: extra attempts and spend, and where the last retry began."""
+
+    extra_attempts: int = 0
+    extra_usd: float = 0.0
+    retry_granted_after: int = 0
+
+
+def why_stop(spec: TicketSpec, attempts: list[AttemptSummary], budget: Budget) -> str | None:
+    """The anti-loop rules: attempts used up, the same failure twice, or the ticket's budget spent."""
+    made = len(attempts)
+    allowed = spec.max_attempts + budget.extra_attempts
+    if made >= allowed:
+        return f"{made} of {allowed} attempts used without passing"
+    if same_failure_twice(attempts[budget.retry_granted_after :]):
+        return "the same failure twice"
+    if spec.budget_usd is not None:
+        spent = sum(a.cost_usd or 0.0 for a in attempts)
+        unknown = sum(1 for a in attempts if a.cost_usd is None and a.branch)
+        next_attempt = spec.agent.budget_usd if spec.agent else None
+        if spent + (next_attempt or 0.0) > spec.budget_usd + budget.extra_usd:
+            note = f" ({unknown} attempts of unknown cost not included)" if unknown else ""
+            return f"the ticket budget ${spec.budget_usd:.2f} would be exceeded: ${spent:.2f} spent{note}"
+    return None
+
+
+def same_failure_twice(attempts: list[AttemptSummary]) -> bool:
+    """The last two attempts ended the same way, with the same gates not passing."""
+    if len(attempts) < 2:
+        return False
+    a, b = attempts[-2], attempts[-1]
+    return a.outcome is b.outcome and failure_signature(a) == failure_signature(b)
+
+
+def failure_signature(attempt: AttemptSummary) -> tuple[str, ...]:
+    failing = sorted(
+        f"{r.gate}:{r.verdict.value}" for r in attempt.gate_results if r.verdict is not Verdict.PASS
+    )
+    return (attempt.outcome.value, *failing)
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    """What an attempt's gate results mean: the attempt as judged, and either an outcome, a reason to ask
+    the decider, or neither (back to the agent with the evidence)."""
+
+    attempt: AttemptSummary
+    closed: Closed | None = None
+    escalate: str | None = None
+
+
+def judge_gates(spec: TicketSpec, summary: AttemptSummary, results: list[GateResult]) -> GateOutcome:
+    """PASS on every gate passes; FAILs only on exception gates close under the exception; undecided gates
+    (INCONCLUSIVE, INVALID after their reruns) with no FAIL go to the decider; any other FAIL goes back."""
+    verdicts = {r.gate: r.verdict for r in results}
+    failed = [g for g, v in verdicts.items() if v is Verdict.FAIL]
+    undecided = [g for g, v in verdicts.items() if v in (Verdict.INCONCLUSIVE, Verdict.INVALID)]
+    passed = not failed and not undecided
+    detail = "; ".join(f"{r.gate}: {r.verdict.value} ({r.reason})" for r in results)
+    judged = summary.model_copy(
+        update={
+            "outcome": AttemptOutcome.GATES_PASSED if passed else AttemptOutcome.GATES_FAILED,
+            "gate_results": results,
+            "detail": detail,
+        }
+    )
+    if passed:
+        return GateOutcome(
+            judged,
+            closed=(TicketStatus.PASSED, f"all {len(results)} gates passed on attempt {summary.number}"),
+        )
+    if failed and set(failed) <= set(spec.exception_gates) and not undecided:
+        return GateOutcome(
+            judged,
+            closed=(
+                TicketStatus.CLOSED_UNDER_EXCEPTION,
+                f"passed except {failed}, which the brief allows as an exception",
+            ),
+        )
+    if undecided and not failed:
+        return GateOutcome(
+            judged, escalate=f"Ticket {spec.id}: gates {undecided} could not decide after reruns ({detail})."
+        )
+    return GateOutcome(judged)
+
+
+def failed_step_result(gate: GateSpec, host: str, commit: str, message: str) -> GateResult:
+    """A gate whose step failed on the host (worker lost, crash) is INVALID, never FAIL."""
+    return GateResult(
+        gate=gate.name,
+        metric=gate.metric,
+        verdict=Verdict.INVALID,
+        reason=f"the gate step failed on {host}: {message}",
+        rule=gate.describe(),
+        method="command",
+        host=host,
+        commit=commit,
+    )
+
+
+def escalation_outcome(option: TicketEscalationOption, by: str, why: str) -> Closed | None:
+    """What the decider's answer to an escalation means; None is "one more attempt"."""
+    match option:
+        case TicketEscalationOption.RETRY:
+            return None
+        case TicketEscalationOption.ACCEPT:
+            return TicketStatus.PASSED, f"accepted by {by}"
+        case TicketEscalationOption.EXCEPTION:
+            return TicketStatus.CLOSED_UNDER_EXCEPTION, f"closed under an exception by {by}"
+        case TicketEscalationOption.FAIL:
+            return TicketStatus.FAILED, f"failed by {by}"
+        case TicketEscalationOption.STOP:
+            return TicketStatus.STOPPED_BY_RULES, f"stopped by the rules ({why}) — confirmed by {by}"
+        case _:
+            assert_never(option)
+
+
+def children_outcome(children: dict[str, TicketStatus]) -> Closed:
+    """An umbrella passes when its children passed; exceptions only close it under an exception."""
+    not_passed = {c: s.value for c, s in children.items() if s is not TicketStatus.PASSED}
+    if not not_passed:
+        return TicketStatus.PASSED, "all sub-tickets passed"
+    if all(s == TicketStatus.CLOSED_UNDER_EXCEPTION.value for s in not_passed.values()):
+        return TicketStatus.CLOSED_UNDER_EXCEPTION, f"sub-tickets closed under exceptions: {not_passed}"
+    return TicketStatus.FAILED, f"sub-tickets did not pass: {not_passed}"
+
+
+def brief(spec: TicketSpec, attempts: list[AttemptSummary], number: int, allowed: int) -> str:
+    """What the agent works from on attempt `number`: the spec, constraints, gates, and the last failure."""
+    parts = [f"# Ticket {spec.id}: {spec.title}", spec.spec]
+    if spec.constraints:
+        parts.append("## Constraints\n" + "\n".join(f"- {c}" for c in spec.constraints))
+    if spec.gates:
+        parts.append("## Acceptance gates\n" + "\n".join(f"- {g.name}: {g.describe()}" for g in spec.gates))
+    if attempts:
+        last = attempts[-1]
+        parts.append(f"## Previous attempt {last.number} ({last.outcome.value}) — fix this\n{last.detail}")
+    parts.append(f"This is attempt {number} of {allowed}.")
+    return "\n\n".join(p for p in parts if p)

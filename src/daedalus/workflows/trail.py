@@ -1,0 +1,98 @@
+"""The audit trail of one workflow: it owns the sequence number and writes each transition as one event.
+
+Every workflow (ticket, training run, the ones to come) writes through an `AuditTrail`: `record_audit_event`
+is idempotent on (first run id, seq), the seq travels across continue-as-new in `TrailState`, and the trail
+knows which prefix of its events the store holds, so a status query never reports a state whose event is
+still being written (a reader would otherwise see a closed ticket whose closing event is not in the store yet).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from daedalus.activities.refs import RECORD_AUDIT_EVENT
+    from daedalus.decisions.schemas import Decision, DecisionRequest
+    from daedalus.schemas.audit import AuditEvent, AuditKind, AuditRecord, TicketSnapshot, TrailState
+    from daedalus.schemas.gates import GateResult
+
+AUDIT_TIMEOUT = timedelta(seconds=30)
+
+
+class AuditTrail:
+    """Writes events for `subject` (a ticket id, or `training-<name>`) and tracks the written prefix."""
+
+    def __init__(
+        self,
+        subject: str,
+        *,
+        status: Callable[[], str],
+        snapshot: Callable[[int, AuditKind], TicketSnapshot | None] = lambda seq, kind: None,
+        carried: TrailState | None = None,
+        writes: Callable[[], bool] = lambda: True,
+    ) -> None:
+        """`writes` False: this run writes no events (a history recorded before it did); reads follow the state."""
+        self.subject = subject
+        self._writes = writes
+        self._status = status
+        self._snapshot = snapshot
+        carried = carried or TrailState(status=status())
+        self.seq = carried.seq
+        self.written_seq = carried.seq
+        self.written_status = carried.status
+        self._out_of_order: dict[int, str] = {}
+
+    def carry(self) -> TrailState:
+        return TrailState(seq=self.seq, status=self.written_status)
+
+    async def record(
+        self,
+        kind: AuditKind,
+        summary: str,
+        *,
+        actor: str = "daedalus",
+        detail: dict[str, str] | None = None,
+        decision_request: DecisionRequest | None = None,
+        decision: Decision | None = None,
+        gate_results: list[GateResult] | None = None,
+        attempt: int = 0,
+    ) -> None:
+        """Write one event. The seq is taken before the await, so concurrent handlers never share one."""
+        if not self._writes():
+            self.written_status = self._status()
+            return
+        self.seq += 1
+        seq = self.seq
+        info = workflow.info()
+        status = self._status()
+        record = AuditRecord(
+            event=AuditEvent(
+                workflow_id=info.workflow_id,
+                run_id=info.first_execution_run_id,
+                seq=seq,
+                ticket_id=self.subject,
+                kind=kind,
+                actor=actor.lower(),
+                at=workflow.now(),
+                status=status,
+                summary=summary,
+                detail=detail or {},
+            ),
+            ticket=self._snapshot(seq, kind),
+            decision_request=decision_request,
+            decision=decision,
+            attempt=attempt,
+            gate_results=gate_results or [],
+        )
+        await RECORD_AUDIT_EVENT.execute(record, start_to_close_timeout=AUDIT_TIMEOUT)
+        self._written(seq, status)
+
+    def _written(self, seq: int, status: str) -> None:
+        """Advance the written prefix; concurrent handlers may finish their writes out of order."""
+        self._out_of_order[seq] = status
+        while self.written_seq + 1 in self._out_of_order:
+            self.written_seq += 1
+            self.written_status = self._out_of_order.pop(self.written_seq)
