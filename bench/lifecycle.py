@@ -43,9 +43,10 @@ from bare_workflow import BareWorkflow  # bench/ is on sys.path when the script 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from daedalus import client as daedalus  # noqa: E402
+from daedalus import services as daedalus  # noqa: E402
+from daedalus.decisions.schemas import TicketSubject  # noqa: E402
 from daedalus.devserver import DevServer  # noqa: E402
-from daedalus.ids import host_queue  # noqa: E402
+from daedalus.ids import host_queue, ticket_workflow_id  # noqa: E402
 from daedalus.ports import free_port  # noqa: E402
 from daedalus.schemas.agents import AgentResult, ExitReason  # noqa: E402
 from daedalus.schemas.audit import AuditRecord  # noqa: E402
@@ -248,17 +249,17 @@ async def parked(client: Client, count: int, decides: int, worker: psutil.Proces
     for s in chosen[:half]:
         decision = Decision(request_id=f"{s.id}-dispatch-1", option="approve", decided_by="wayne")
         t0 = time.perf_counter()
-        await daedalus.decide(client, decision)
+        await daedalus.decide(client, decision, subject=TicketSubject(ticket_id=s.id))
         rtts.append((time.perf_counter() - t0) * 1000)
         # The approved ticket now runs its 10 steps; let it finish (untimed) so the next round trip is measured
         # against the parked tickets, not against the backlog the previous decisions set going.
-        await client.get_workflow_handle(daedalus.workflow_id(s.id)).result()
+        await client.get_workflow_handle(ticket_workflow_id(s.id)).result()
     # Then back to back: each approval starts a ticket that competes with the next decision for the 2 cores.
     busy: list[float] = []
     for s in chosen[half:]:
         decision = Decision(request_id=f"{s.id}-dispatch-1", option="approve", decided_by="wayne")
         t0 = time.perf_counter()
-        await daedalus.decide(client, decision)
+        await daedalus.decide(client, decision, subject=TicketSubject(ticket_id=s.id))
         busy.append((time.perf_counter() - t0) * 1000)
     progress(f"{len(rtts) + len(busy)} decide updates done")
     await asyncio.sleep(2)

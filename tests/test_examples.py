@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from daedalus.client import TicketError, load_spec
 from daedalus.engines.presets import load_preset
 from daedalus.schemas.training import TrainingRunSpec
+from daedalus.services import TicketError, load_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

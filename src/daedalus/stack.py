@@ -14,9 +14,9 @@ import structlog
 from sqlalchemy import Engine
 from temporalio.client import Client
 
-from daedalus.client import connect
 from daedalus.config import Settings
 from daedalus.devserver import DevServer
+from daedalus.services import connect
 from daedalus.slack.settings import SlackSettings
 from daedalus.store.database import make_engine, migrate
 from daedalus.worker import WorkerConfig, build_workers

@@ -11,8 +11,8 @@ from temporalio.client import Client
 
 from daedalus.api import create_app
 from daedalus.api.settings import ApiSettings
-from daedalus.client import connect
 from daedalus.ports import free_port
+from daedalus.services import connect
 from daedalus.slack.settings import SlackSettings
 from tests.api.conftest import SIGNING_SECRET, TOKENS, as_
 from tests.slack.fake_slack import FakeSlack

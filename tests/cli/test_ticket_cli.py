@@ -91,7 +91,7 @@ def test_file_decide_and_audit_from_the_command_line(
     bad_option = daedalus(cli_env, "decide", request_id, "maybe", "--as", "wayne")
     assert bad_option.returncode == 2 and "unknown option 'maybe'" in bad_option.stderr
     not_a_request = daedalus(cli_env, "decide", "nonsense", "approve", "--as", "wayne")
-    assert not_a_request.returncode == 2 and "is not a decision request id" in not_a_request.stderr
+    assert not_a_request.returncode == 2 and "unknown decision request 'nonsense'" in not_a_request.stderr
 
     approved = daedalus(cli_env, "decide", request_id, "approve", "--as", "wayne")
     assert approved.returncode == 0, approved.stderr

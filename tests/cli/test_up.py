@@ -12,7 +12,8 @@ from pathlib import Path
 
 import psutil
 
-from daedalus import client as tickets
+from daedalus import services as tickets
+from daedalus.ids import ticket_workflow_id
 from daedalus.ports import free_port, port_is_open
 from daedalus.schemas.ticket import Decision, TicketStatus
 from daedalus.workflows.ticket import TicketWorkflow
@@ -75,9 +76,11 @@ async def test_up_serves_tickets_and_keeps_them_across_a_restart(tmp_path: Path)
         state = await tickets.status(client, spec.id)
         assert state.pending_decision is not None
         await tickets.decide(
-            client, Decision(request_id=state.pending_decision.id, option="approve", decided_by="wayne")
+            client,
+            Decision(request_id=state.pending_decision.id, option="approve", decided_by="wayne"),
+            subject=state.pending_decision.subject,
         )
-        handle = client.get_workflow_handle_for(TicketWorkflow.run, tickets.workflow_id(spec.id))
+        handle = client.get_workflow_handle_for(TicketWorkflow.run, ticket_workflow_id(spec.id))
         final = await handle.result()
         assert final.status is TicketStatus.PASSED
     finally:

@@ -10,10 +10,10 @@ import pytest
 from sqlalchemy import Engine
 from temporalio.client import Client
 
-from daedalus import client as daedalus
-from daedalus.client import TicketError
+from daedalus import services as daedalus
 from daedalus.schemas.gates import Verdict
 from daedalus.schemas.ticket import CancelRequest, Decision, TicketSpec, TicketState, TicketStatus
+from daedalus.services import TicketError
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 from daedalus.workflows.ticket import TicketWorkflow
@@ -96,6 +96,7 @@ async def test_a_failing_child_fails_the_umbrella_and_names_the_child(
         await daedalus.decide(
             temporal_client,
             Decision(request_id=request.id, option="fail", decided_by="wayne", note="40 tok/s"),
+            store=sqlite_engine,
         )
         final = await handle.result()
     assert final.status is TicketStatus.FAILED

@@ -10,8 +10,7 @@ import pytest
 from sqlalchemy import Engine
 from temporalio.client import Client
 
-from daedalus import client as daedalus
-from daedalus.client import TicketError
+from daedalus import services as daedalus
 from daedalus.schemas.gates import Verdict
 from daedalus.schemas.ticket import (
     AttemptOutcome,
@@ -23,6 +22,7 @@ from daedalus.schemas.ticket import (
     TicketState,
     TicketStatus,
 )
+from daedalus.services import TicketError
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 from daedalus.workflows.ticket import TicketWorkflow
@@ -56,7 +56,9 @@ async def test_dispatch_approved_by_wayne_passes(
             ticket = queries.get_ticket(session=session, ticket_id=spec.id)
         assert row.request_id == request.id and ticket is not None and ticket.awaiting == "wayne"
         await daedalus.decide(
-            temporal_client, Decision(request_id=request.id, option="approve", decided_by="wayne")
+            temporal_client,
+            Decision(request_id=request.id, option="approve", decided_by="wayne"),
+            store=store_engine,
         )
         final = await handle.result()
     assert final.status is TicketStatus.PASSED, final.outcome_reason
@@ -82,6 +84,7 @@ async def test_dispatch_rejected_cancels_without_dispatching(
         await daedalus.decide(
             temporal_client,
             Decision(request_id=request.id, option="reject", decided_by="wayne", note="not this sprint"),
+            store=sqlite_engine,
         )
         final = await handle.result()
     assert final.status is TicketStatus.CANCELLED
@@ -104,6 +107,7 @@ async def test_delegate_named_in_the_spec_approves(
         await daedalus.decide(
             temporal_client,
             Decision(request_id=request.id, option="approve", decided_by="lead", channel="slack"),
+            store=sqlite_engine,
         )
         final = await handle.result()
     assert final.status is TicketStatus.PASSED, final.outcome_reason
@@ -121,7 +125,7 @@ async def test_runtime_delegation_lets_the_lead_approve(
         _, request = await pending(handle)
         by_lead = Decision(request_id=request.id, option="approve", decided_by="lead")
         with pytest.raises(TicketError, match="lead may not decide dispatch"):
-            await daedalus.decide(temporal_client, by_lead)
+            await daedalus.decide(temporal_client, by_lead, store=sqlite_engine)
         people = await daedalus.delegate(
             temporal_client,
             spec.id,
@@ -130,7 +134,7 @@ async def test_runtime_delegation_lets_the_lead_approve(
         assert people == ["lead"]
         state = await handle.query(TicketWorkflow.state)
         assert state.pending_decision is not None and state.pending_decision.delegates == ["lead"]
-        await daedalus.decide(temporal_client, by_lead)
+        await daedalus.decide(temporal_client, by_lead, store=sqlite_engine)
         final = await handle.result()
     assert final.status is TicketStatus.PASSED, final.outcome_reason
     rows = events(sqlite_engine, spec.id)
@@ -167,22 +171,34 @@ async def test_validator_rejections_are_clear_and_write_nothing(
             rows = events(store_engine, spec.id)
             assert len(rows) == written and "decided" not in kinds(rows) and "delegated" not in kinds(rows)
 
+        # A request the store does not know never reaches a workflow; one it knows is checked by the ticket.
+        with pytest.raises(TicketError, match=f"unknown decision request '{spec.id}-dispatch-7': no ticket"):
+            await daedalus.decide(
+                temporal_client,
+                Decision(request_id=f"{spec.id}-dispatch-7", option="approve", decided_by="wayne"),
+                store=store_engine,
+            )
         await refused(
             daedalus.decide(
                 temporal_client,
                 Decision(request_id=f"{spec.id}-dispatch-7", option="approve", decided_by="wayne"),
+                subject=request.subject,
             ),
             f"unknown decision request '{spec.id}-dispatch-7'; the pending one is '{request.id}'",
         )
         await refused(
             daedalus.decide(
-                temporal_client, Decision(request_id=request.id, option="ship-it", decided_by="wayne")
+                temporal_client,
+                Decision(request_id=request.id, option="ship-it", decided_by="wayne"),
+                store=store_engine,
             ),
             "unknown option 'ship-it'",
         )
         await refused(
             daedalus.decide(
-                temporal_client, Decision(request_id=request.id, option="approve", decided_by="mallory")
+                temporal_client,
+                Decision(request_id=request.id, option="approve", decided_by="mallory"),
+                store=store_engine,
             ),
             "mallory may not decide dispatch",
         )
@@ -204,13 +220,17 @@ async def test_validator_rejections_are_clear_and_write_nothing(
             ),
             "mallory may not cancel",
         )
-        with pytest.raises(TicketError, match="is not a decision request id"):
+        with pytest.raises(TicketError, match="unknown decision request 'approve-it'"):
             await daedalus.decide(
-                temporal_client, Decision(request_id="approve-it", option="approve", decided_by="wayne")
+                temporal_client,
+                Decision(request_id="approve-it", option="approve", decided_by="wayne"),
+                store=store_engine,
             )
 
         await daedalus.decide(
-            temporal_client, Decision(request_id=request.id, option="approve", decided_by="wayne")
+            temporal_client,
+            Decision(request_id=request.id, option="approve", decided_by="wayne"),
+            store=store_engine,
         )
         final = await handle.result()
         assert final.status is TicketStatus.PASSED
@@ -221,7 +241,9 @@ async def test_validator_rejections_are_clear_and_write_nothing(
             daedalus.amend(temporal_client, spec.id, SpecAmendment(amended_by="wayne", spec="faster")),
             daedalus.cancel(temporal_client, spec.id, CancelRequest(requested_by="wayne", reason="too late")),
             daedalus.decide(
-                temporal_client, Decision(request_id=request.id, option="approve", decided_by="wayne")
+                temporal_client,
+                Decision(request_id=request.id, option="approve", decided_by="wayne"),
+                store=store_engine,
             ),
         ):
             with pytest.raises(TicketError, match=f"ticket {spec.id} is not live"):
@@ -248,6 +270,7 @@ async def test_reminders_while_a_decision_waits(
         await daedalus.decide(
             temporal_client,
             Decision(request_id=state.pending_decision.id, option="approve", decided_by="wayne"),
+            store=sqlite_engine,
         )
         final = await handle.result()
     assert final.status is TicketStatus.PASSED
@@ -289,6 +312,7 @@ async def test_escalation_options_close_the_ticket(
         await daedalus.decide(
             temporal_client,
             Decision(request_id=request.id, option=option, decided_by="wayne", note="good enough"),
+            store=sqlite_engine,
         )
         final = await handle.result()
     assert final.status is status
@@ -322,7 +346,9 @@ async def test_invalid_gate_is_rerun_before_escalating(
             "exited 3" in attempt.gate_results[0].reason and "no GPU found" in attempt.gate_results[0].reason
         )
         await daedalus.decide(
-            temporal_client, Decision(request_id=request.id, option="accept", decided_by="wayne")
+            temporal_client,
+            Decision(request_id=request.id, option="accept", decided_by="wayne"),
+            store=sqlite_engine,
         )
         final = await handle.result()
     assert final.status is TicketStatus.PASSED and final.outcome_reason == "accepted by wayne"
@@ -355,7 +381,9 @@ async def test_retry_grants_one_more_attempt(
         _, request = await pending(handle)
         source.write_text("56.0\n")  # what the next attempt will do differently
         await daedalus.decide(
-            temporal_client, Decision(request_id=request.id, option="retry", decided_by="wayne")
+            temporal_client,
+            Decision(request_id=request.id, option="retry", decided_by="wayne"),
+            store=sqlite_engine,
         )
         final = await handle.result()
     assert final.status is TicketStatus.PASSED, final.outcome_reason
@@ -385,11 +413,15 @@ async def test_amend_changes_the_brief_of_the_next_attempt(
         )
         assert amended.spec.spec.startswith("Use the fused MTP kernel")
         await daedalus.decide(
-            temporal_client, Decision(request_id=request.id, option="retry", decided_by="wayne")
+            temporal_client,
+            Decision(request_id=request.id, option="retry", decided_by="wayne"),
+            store=store_engine,
         )
         _, second = await pending(handle)
         await daedalus.decide(
-            temporal_client, Decision(request_id=second.id, option="stop", decided_by="wayne")
+            temporal_client,
+            Decision(request_id=second.id, option="stop", decided_by="wayne"),
+            store=store_engine,
         )
         final = await handle.result()
     assert final.status is TicketStatus.STOPPED_BY_RULES
@@ -456,14 +488,18 @@ async def test_duplicate_live_id_is_refused_and_a_closed_id_can_be_filed_again(
         with pytest.raises(TicketError, match=f"ticket {spec.id} is already live"):
             await daedalus.file_ticket(temporal_client, spec, queue=task_queue)
         await daedalus.decide(
-            temporal_client, Decision(request_id=request.id, option="reject", decided_by="wayne")
+            temporal_client,
+            Decision(request_id=request.id, option="reject", decided_by="wayne"),
+            store=store_engine,
         )
         assert (await first.result()).status is TicketStatus.CANCELLED
 
         again = await daedalus.file_ticket(temporal_client, spec, queue=task_queue, filed_by="lead")
         _, request = await pending(again)
         await daedalus.decide(
-            temporal_client, Decision(request_id=request.id, option="approve", decided_by="wayne")
+            temporal_client,
+            Decision(request_id=request.id, option="approve", decided_by="wayne"),
+            store=store_engine,
         )
         assert (await again.result()).status is TicketStatus.PASSED
     first_run, again_run = first.result_run_id, again.result_run_id

@@ -6,7 +6,7 @@ from pathlib import Path
 from sqlalchemy import Engine
 from temporalio.client import Client
 
-from daedalus import client as daedalus
+from daedalus import services as daedalus
 from daedalus.schemas.gates import Verdict
 from daedalus.schemas.ticket import AttemptOutcome, Decision, TicketState, TicketStatus
 from daedalus.store import queries

@@ -21,7 +21,7 @@ from temporalio.client import Client, WorkflowHandle, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from daedalus import client as daedalus
+from daedalus import services as daedalus
 from daedalus.schemas.ticket import (
     CancelRequest,
     Decision,
@@ -30,7 +30,6 @@ from daedalus.schemas.ticket import (
     SpecAmendment,
     TicketInput,
     TicketSpec,
-    TicketState,
     TicketStatus,
 )
 from daedalus.workflows.ticket import TicketWorkflow
@@ -38,14 +37,14 @@ from tests.support import failing_spec, make_engine_repo, running_workers, ticke
 from tests.ticket_helpers import HISTORIES, host_of, pending
 
 STORED = sorted(HISTORIES.glob("ticket-*.json"))
-CASES = {"passed", "escalated-stopped", "umbrella", "cancelled"}
+CASES = {"passed", "escalated-stopped", "umbrella", "cancelled", "continued"}
 
 
 def replayer() -> Replayer:
     return Replayer(workflows=[TicketWorkflow], data_converter=pydantic_data_converter)
 
 
-async def replay_and_keep(handle: WorkflowHandle[Any, TicketState], case: str) -> None:
+async def replay_and_keep(handle: WorkflowHandle[Any, Any], case: str) -> None:
     history = await handle.fetch_history()
     await replayer().replay_workflow(history)
     if os.environ.get("DAEDALUS_RECORD_HISTORIES"):
@@ -81,6 +80,16 @@ async def test_replay_rejects_an_incompatible_change() -> None:
         await changed.replay_workflow(history)
 
 
+async def test_the_control_history_must_fail_replay() -> None:
+    """A stored history whose first step is a build where the workflow writes its filing event: replaying it
+    must fail, so a replayer that silently accepted anything would be caught here."""
+    text = (HISTORIES / "control-ticket-must-fail.json").read_text()
+    history = WorkflowHistory.from_json("replay-control", text)
+    result = await replayer().replay_workflow(history, raise_on_replay_failure=False)
+    assert isinstance(result.replay_failure, workflow.NondeterminismError)
+    assert "run_build" in str(result.replay_failure)
+
+
 async def test_record_passed_after_delegated_approval(
     temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
 ) -> None:
@@ -99,7 +108,9 @@ async def test_record_passed_after_delegated_approval(
             Delegation(granted_by="wayne", delegate="lead", kind=DecisionKind.DISPATCH),
         )
         await daedalus.decide(
-            temporal_client, Decision(request_id=request.id, option="approve", decided_by="lead")
+            temporal_client,
+            Decision(request_id=request.id, option="approve", decided_by="lead"),
+            store=sqlite_engine,
         )
         assert (await handle.result()).status is TicketStatus.PASSED
     await replay_and_keep(handle, "passed")
@@ -117,7 +128,9 @@ async def test_record_escalated_amended_then_stopped(
             temporal_client, spec.id, SpecAmendment(amended_by="wayne", spec="try the fused kernel")
         )
         await daedalus.decide(
-            temporal_client, Decision(request_id=request.id, option="stop", decided_by="wayne")
+            temporal_client,
+            Decision(request_id=request.id, option="stop", decided_by="wayne"),
+            store=sqlite_engine,
         )
         assert (await handle.result()).status is TicketStatus.STOPPED_BY_RULES
     await replay_and_keep(handle, "escalated-stopped")

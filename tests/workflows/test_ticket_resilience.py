@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from daedalus import client as daedalus
+from daedalus import services as daedalus
 from daedalus.devserver import DevServer
 from daedalus.ports import free_port
 from daedalus.schemas.ticket import AttemptOutcome, Decision, TicketStatus
@@ -98,7 +98,9 @@ async def test_dev_server_restart_on_the_same_sqlite_file_keeps_the_ticket(
             assert after.status is TicketStatus.AWAITING_APPROVAL
             assert after.pending_decision == request and after.audit_seq == before.audit_seq
             await daedalus.decide(
-                client, Decision(request_id=request.id, option="approve", decided_by="wayne")
+                client,
+                Decision(request_id=request.id, option="approve", decided_by="wayne"),
+                store=sqlite_engine,
             )
             final = await client.get_workflow_handle_for(TicketWorkflow.run, f"ticket-{spec.id}").result()
     assert final.status is TicketStatus.PASSED, final.outcome_reason
@@ -123,7 +125,9 @@ async def test_failing_build_is_recorded_with_its_log_retried_then_escalated(
         assert "the same failure twice" in request.question
         assert "mtp.cu:212" in request.evidence[0] and "mtp.cu:212" in request.evidence[1]
         await daedalus.decide(
-            temporal_client, Decision(request_id=request.id, option="fail", decided_by="wayne")
+            temporal_client,
+            Decision(request_id=request.id, option="fail", decided_by="wayne"),
+            store=sqlite_engine,
         )
         final = await handle.result()
     assert final.status is TicketStatus.FAILED

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psutil
 import pytest
@@ -33,9 +33,11 @@ from temporalio.service import RPCError
 from temporalio.worker import Replayer, Worker
 
 from daedalus.activities.training import TrainingActivities
+from daedalus.decisions.schemas import TrainingRunSubject
 from daedalus.schemas.audit import AuditKind
 from daedalus.schemas.ticket import (
     AgentName,
+    ApprovalPolicy,
     CancelRequest,
     Decision,
     DecisionKind,
@@ -57,11 +59,14 @@ from daedalus.schemas.training import (
     TrainingRunStatus,
     WatchdogPolicy,
 )
+from daedalus.slack.settings import SlackSettings
 from daedalus.store.queries import audit_events
 from daedalus.store.tables import AuditEventRow, DecisionRow, TicketRow
 from daedalus.worker import WorkerConfig, control_worker
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
+from tests.slack.fake_slack import FakeSlack, running_fake_slack
+from tests.slack.test_notify import settings_for
 from tests.support import status_is, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,11 +112,13 @@ async def workers(
     tmp: Path,
     engine: Engine,
     host_worker: bool = True,
+    slack: SlackSettings | None = None,
 ) -> AsyncIterator[None]:
-    """The control queue as production assembles it (both workflows, the audit store on `engine`) and, unless
-    told otherwise, the run's host queue."""
+    """The control queue as production assembles it (both workflows, the audit store on `engine`, Slack when
+    given) and, unless told otherwise, the run's host queue."""
     acts = TrainingActivities(tmp / "artifacts")
     config = WorkerConfig(
+        slack=slack,
         control_queue=task_queue,
         hosts=[],
         workspace_root=tmp / "ws",
@@ -185,14 +192,44 @@ def audit_trail(engine: Engine, spec: TrainingRunSpec) -> list[AuditEventRow]:
     return sorted(events, key=lambda e: e.seq)
 
 
-async def test_third_death_escalates_once_and_opens_one_hunting_ticket(
+async def test_third_death_escalates_once_opens_one_hunting_ticket_and_reaches_slack(
     temporal_client: Client, task_queue: str, tmp_path: Path, sqlite_engine: Engine
 ) -> None:
     hunt = HuntPolicy(engine=EngineRef(name="trainer", kind=EngineKind.VLLM, repo=str(ROOT)))
+    approval = ApprovalPolicy(deciders=["wayne"], reminder_interval_s=1)
     spec = make_spec(
-        tmp_path, "--mib-per-step", "8", "--step-s", "0.05", "--half-written-every", "3", hunt=hunt
+        tmp_path,
+        "--mib-per-step",
+        "8",
+        "--step-s",
+        "0.05",
+        "--half-written-every",
+        "3",
+        hunt=hunt,
+        approval=approval,
     )
-    async with workers(temporal_client, task_queue, spec, tmp_path, sqlite_engine):
+    with running_fake_slack() as slack:
+        await escalate_and_stop(temporal_client, task_queue, tmp_path, sqlite_engine, spec, slack)
+    # The escalation reached Slack with its buttons, and each reminder went to its thread, once each.
+    run_posts = [p for p in slack.posts if spec.workflow_id in str(p)]
+    first, *reminders = run_posts
+    assert f"{spec.workflow_id}-escalation-1" in str(first) and "restart" in str(first)
+    assert reminders and all(post.get("thread_ts") == first["ts"] for post in reminders)
+    trail = audit_trail(sqlite_engine, spec)
+    assert len(reminders) == sum(1 for e in trail if e.kind == AuditKind.DECISION_REMINDER)
+
+
+async def escalate_and_stop(
+    temporal_client: Client,
+    task_queue: str,
+    tmp_path: Path,
+    sqlite_engine: Engine,
+    spec: TrainingRunSpec,
+    slack: FakeSlack,
+) -> None:
+    hunt = spec.hunt
+    slack_settings = settings_for(slack)
+    async with workers(temporal_client, task_queue, spec, tmp_path, sqlite_engine, slack=slack_settings):
         handle = await temporal_client.start_workflow(
             TrainingRunWorkflow.run, TrainingRunInput(spec=spec), id=spec.workflow_id, task_queue=task_queue
         )
@@ -203,7 +240,7 @@ async def test_third_death_escalates_once_and_opens_one_hunting_ticket(
         status = await until(handle, lambda s: s.state is RunState.AWAITING_DECISION)
 
     # A worker restart while the decision is pending: the replay must not open a second ticket.
-    async with workers(temporal_client, task_queue, spec, tmp_path, sqlite_engine):
+    async with workers(temporal_client, task_queue, spec, tmp_path, sqlite_engine, slack=slack_settings):
         await handle.signal(TrainingRunWorkflow.report_death, status.deaths[-1])
         status = await until(handle, lambda s: s.state is RunState.AWAITING_DECISION)
         assert [d.incarnation for d in status.deaths] == [1, 2, 3]
@@ -238,8 +275,13 @@ async def test_third_death_escalates_once_and_opens_one_hunting_ticket(
         with pytest.raises(RPCError, match="not found"):
             await temporal_client.get_workflow_handle(f"ticket-hunt-{spec.name}-2").describe()
 
+        # Reminded like a ticket's: wait for one, so the decision below answers a reminded request.
+        status = await until(
+            handle, lambda s: s.pending_decision is not None and s.pending_decision.reminders_sent >= 1
+        )
         request = status.pending_decision
         assert request is not None and request.options == ["restart", "stop"]
+        assert request.subject == TrainingRunSubject(run=spec.name)
         await expect_rejected(
             handle.execute_update(
                 TrainingRunWorkflow.decide, Decision(request_id="nope", option="stop", decided_by="wayne")
@@ -278,6 +320,8 @@ async def test_third_death_escalates_once_and_opens_one_hunting_ticket(
 
     # One audit event per transition, none twice, despite the duplicated reports and the worker restart.
     trail = audit_trail(sqlite_engine, spec)
+    reminded = sum(1 for e in trail if e.kind == AuditKind.DECISION_REMINDER)
+    assert reminded >= 1
     assert [(e.seq, e.kind) for e in trail] == list(
         enumerate(
             [
@@ -289,6 +333,7 @@ async def test_third_death_escalates_once_and_opens_one_hunting_ticket(
                 AuditKind.DEATH,
                 AuditKind.HUNT,
                 AuditKind.DECISION_REQUESTED,
+                *[AuditKind.DECISION_REMINDER] * reminded,
                 AuditKind.DECIDED,
                 AuditKind.CLOSED,
             ],
@@ -305,12 +350,12 @@ async def test_third_death_escalates_once_and_opens_one_hunting_ticket(
     assert all(d.summary in e.summary for d, e in zip(final.deaths, deaths, strict=True))
     assert [e.detail["death_counter"] for e in deaths] == ["1", "2", "3"]
     assert trail[6].detail["ticket"] == ticket_id
-    assert (trail[8].actor, trail[9].actor, trail[9].status) == ("wayne", "wayne", "stopped")
+    assert (trail[-2].actor, trail[-1].actor, trail[-1].status) == ("wayne", "wayne", "stopped")
     with Session(sqlite_engine) as session:
         asked = session.get(DecisionRow, request.id)
     assert asked is not None and asked.ticket_id == ticket_id
     assert (asked.option, asked.decided_by, asked.channel) == ("stop", "wayne", "cli")
-    await replay(handle, "training-escalation.json")
+    await replay(handle, "training-desk-escalation.json")
 
 
 async def test_worker_killed_mid_run_reattaches_without_a_second_trainer(
@@ -404,13 +449,23 @@ STORED = sorted(p.name for p in HISTORIES.glob("training-*.json"))
 
 
 def test_stored_histories_are_there() -> None:
-    """v1: recorded before runs wrote audit events (the AUDIT_PATCH keeps them replaying); then the current ones."""
+    """v1: recorded before runs wrote audit events (AUDIT_PATCH keeps them replaying); then before the decision
+    desk posted escalations to Slack and reminded (DESK_PATCH); then the current one."""
     assert STORED == [
+        "training-desk-escalation.json",
         "training-escalation.json",
         "training-reattach.json",
         "training-v1-escalation.json",
         "training-v1-reattach.json",
     ]
+
+
+def activity_types(history: dict[str, Any]) -> set[str]:
+    return {
+        e["activityTaskScheduledEventAttributes"]["activityType"]["name"]
+        for e in history["events"]
+        if "activityTaskScheduledEventAttributes" in e
+    }
 
 
 @pytest.mark.parametrize("name", STORED)
@@ -420,10 +475,7 @@ async def test_stored_histories_replay(name: str) -> None:
         WorkflowHistory.from_json(f"training-{name}", history), raise_on_replay_failure=False
     )
     assert result.replay_failure is None, f"{name}: {result.replay_failure}"
-    audits = [
-        e
-        for e in history["events"]
-        if e.get("activityTaskScheduledEventAttributes", {}).get("activityType", {}).get("name")
-        == "record_audit_event"
-    ]
-    assert bool(audits) == ("-v1-" not in name)
+    kinds = activity_types(history)
+    assert ("record_audit_event" in kinds) == ("-v1-" not in name)
+    # Only the desk's escalation posts to Slack; the older ones replay without the notifications.
+    assert ("notify_decision_request" in kinds) == (name == "training-desk-escalation.json")

@@ -7,7 +7,7 @@ from fastapi.exceptions import RequestValidationError
 from sqlalchemy import Engine
 from temporalio.client import Client
 
-from daedalus.api import audit, decisions, slack_interactions, tickets
+from daedalus.api import audit, decisions, slack_interactions, tickets, training
 from daedalus.api.context import ApiContext, ClientFactory
 from daedalus.api.errors import validation_handler
 from daedalus.api.settings import ApiSettings
@@ -47,6 +47,12 @@ def create_app(
         client_factory=client_factory,
     )
     app.add_exception_handler(RequestValidationError, validation_handler)
-    for router in (tickets.router, decisions.router, audit.router, slack_interactions.router):
+    for router in (
+        tickets.router,
+        training.router,
+        decisions.router,
+        audit.router,
+        slack_interactions.router,
+    ):
         app.include_router(router)
     return app

@@ -7,13 +7,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from daedalus import client as tickets
+from daedalus import services as tickets
 from daedalus.api.context import Caller, Context, TemporalClient, require_same_person
 from daedalus.api.errors import refusal, within
 from daedalus.api.models import DecisionPublic
-from daedalus.client import TicketError
 from daedalus.schemas.ticket import Decision, TicketState
 from daedalus.schemas.training import TrainingRunStatus
+from daedalus.services import TicketError
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 
@@ -30,7 +30,9 @@ async def decide(
     decision = decision.model_copy(update={"channel": "api"})
     try:
         return await within(
-            tickets.decide(client, decision), context.settings.update_timeout_s, decision.request_id
+            tickets.decide(client, decision, store=context.engine),
+            context.settings.update_timeout_s,
+            decision.request_id,
         )
     except TicketError as error:
         raise refusal(error) from error

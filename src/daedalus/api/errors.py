@@ -13,13 +13,15 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from daedalus.client import TicketError
+from daedalus.services import TicketError, UnknownRequest
 
 T = TypeVar("T")
 
 
 def status_for(error: TicketError) -> int:
     """A TicketError's HTTP status, from what Temporal said underneath it."""
+    if isinstance(error, UnknownRequest):
+        return status.HTTP_404_NOT_FOUND
     cause = error.__cause__
     if isinstance(cause, WorkflowAlreadyStartedError | WorkflowUpdateFailedError):
         return status.HTTP_409_CONFLICT  # a live duplicate, or the ticket's validator refused the change

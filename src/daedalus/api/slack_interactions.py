@@ -13,10 +13,10 @@ from fastapi import APIRouter, BackgroundTasks, HTTPException, Request, Response
 from slack_sdk.signature import SignatureVerifier
 from temporalio.client import Client
 
-from daedalus import client as tickets
+from daedalus import services as tickets
 from daedalus.api.context import ApiContext, Context
-from daedalus.client import TicketError
 from daedalus.schemas.ticket import Decision
+from daedalus.services import TicketError
 from daedalus.slack.blocks import BadButton, is_decision_action, parse_button_value
 from daedalus.slack.notifier import answer_interaction
 
@@ -92,7 +92,9 @@ async def _decide_and_answer(
     """Runs after Slack got its 200: apply the decision, then replace the buttons or explain the refusal."""
     try:
         client: Client = await context.client()
-        await asyncio.wait_for(tickets.decide(client, decision), context.settings.update_timeout_s)
+        await asyncio.wait_for(
+            tickets.decide(client, decision, store=context.engine), context.settings.update_timeout_s
+        )
     except TicketError as error:
         await _answer(response_url, f"Refused: {error}. Nothing was decided.", False)
         return

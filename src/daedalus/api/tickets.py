@@ -9,11 +9,11 @@ from fastapi import APIRouter, HTTPException, Query, status
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError, RPCStatusCode
 
-from daedalus import client as tickets
+from daedalus import services as tickets
 from daedalus.api.context import Caller, Context, TemporalClient, require_same_person
 from daedalus.api.errors import refusal, status_for, within
 from daedalus.api.models import Delegated, TicketDetail, TicketFiled, TicketSummary, VerdictPublic
-from daedalus.client import TicketError
+from daedalus.ids import ticket_workflow_id
 from daedalus.schemas.ticket import (
     CancelRequest,
     Delegation,
@@ -22,6 +22,7 @@ from daedalus.schemas.ticket import (
     TicketState,
     TicketStatus,
 )
+from daedalus.services import TicketError
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 
@@ -86,12 +87,12 @@ async def show_ticket(ticket_id: str, _: Caller, context: Context, client: Tempo
             raise refusal(missing)
         raise HTTPException(
             status.HTTP_404_NOT_FOUND,
-            f"no ticket {ticket_id!r}: Temporal has no workflow {tickets.workflow_id(ticket_id)} and the store "
+            f"no ticket {ticket_id!r}: Temporal has no workflow {ticket_workflow_id(ticket_id)} and the store "
             f"has no record of it; `GET /tickets` lists the known ones",
         )
     return TicketDetail(
         ticket_id=ticket_id,
-        workflow_id=tickets.workflow_id(ticket_id),
+        workflow_id=ticket_workflow_id(ticket_id),
         live=live,
         projection=projection,
         verdicts=verdicts,
@@ -101,7 +102,7 @@ async def show_ticket(ticket_id: str, _: Caller, context: Context, client: Tempo
 async def _live_state(client: Client, ticket_id: str, timeout_s: float) -> TicketState | None:
     """A closed ticket's final state from its history (no worker needed); a running one's from the `state`
     query. None when Temporal cannot answer in time (a running ticket with no worker polling its queue)."""
-    handle = client.get_workflow_handle(tickets.workflow_id(ticket_id), result_type=TicketState)
+    handle = client.get_workflow_handle(ticket_workflow_id(ticket_id), result_type=TicketState)
     try:
         description = await handle.describe()
     except RPCError as error:

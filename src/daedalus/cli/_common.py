@@ -12,8 +12,8 @@ from rich.console import Console
 from sqlalchemy import Engine
 from temporalio.client import Client
 
-from daedalus.client import TicketError, connect
 from daedalus.config import Settings
+from daedalus.services import TicketError, connect
 from daedalus.store.database import make_engine, migrate
 
 T = TypeVar("T")

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 from sqlalchemy import Engine
 
-from daedalus import client as tickets
+from daedalus import services as tickets
 from daedalus.cli._common import console, fail, run
 from daedalus.cli.tickets import print_audit, print_state
 from daedalus.config import Settings
@@ -125,6 +125,7 @@ async def _drive(spec: TicketSpec, settings: Settings, embedded: bool) -> Ticket
                     Decision(
                         request_id=request.id, option="approve", decided_by=LEAD, channel="bot", note="demo"
                     ),
+                    subject=request.subject,
                 )
             elif request is not None and request.kind is DecisionKind.ESCALATION:
                 console.print(f"   [yellow]escalated to wayne[/yellow]: {request.question}")

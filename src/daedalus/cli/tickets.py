@@ -15,9 +15,8 @@ from rich.markdown import Markdown
 from rich.markup import escape
 from rich.table import Table
 
-from daedalus import client as tickets
+from daedalus import services as tickets
 from daedalus.cli._common import client, console, fail, run, store
-from daedalus.client import TicketError
 from daedalus.config import Settings
 from daedalus.schemas.ticket import (
     CancelRequest,
@@ -27,6 +26,7 @@ from daedalus.schemas.ticket import (
     SpecAmendment,
     TicketState,
 )
+from daedalus.services import TicketError
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 from daedalus.store.tables import AuditEventRow
@@ -182,7 +182,7 @@ def decide(
     )
 
     async def go() -> object:
-        return await tickets.decide(await client(), decision)
+        return await tickets.decide(await client(), decision, store=store())
 
     run(go())
     console.print(f"{who} chose {option!r} for {request_id}")

@@ -5,117 +5,35 @@ Errors are a message on stderr and exit code 2, as in every other `daedalus` com
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated
 
 import typer
-import yaml
 from pydantic import ValidationError
 from rich.markup import escape
 from rich.table import Table
-from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError, RPCStatusCode
 
+from daedalus import services
 from daedalus.cli._common import client, console, fail, run
 from daedalus.config import Settings
-from daedalus.ids import training_workflow_id
-from daedalus.schemas.ticket import Decision
-from daedalus.schemas.training import (
-    StopTraining,
-    TrainingRunInput,
-    TrainingRunSpec,
-    TrainingRunStatus,
-)
-from daedalus.workflows.training import TrainingRunWorkflow
-
-T = TypeVar("T")
-Handle = WorkflowHandle[TrainingRunWorkflow, TrainingRunStatus]
+from daedalus.decisions.schemas import Decision, TrainingRunSubject
+from daedalus.schemas.ticket import TicketState
+from daedalus.schemas.training import StopTraining, TrainingRunStatus
 
 app = typer.Typer(help="Training runs supervised by the watchdog.", no_args_is_help=True)
-
-
-def load_spec(path: Path) -> TrainingRunSpec:
-    """Read and validate a run file; exits 2 with what is wrong, field by field, before anything starts."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        fail(escape(f"{path}: cannot read the run file: {exc.strerror or exc}"))
-    except yaml.YAMLError as exc:
-        fail(escape(f"{path}: not valid YAML: {exc}"))
-    if not isinstance(data, dict):
-        fail(
-            escape(
-                f"{path}: a run file is a mapping of fields (name, host, command, ...), got {type(data).__name__}"
-            )
-        )
-    try:
-        spec = TrainingRunSpec.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'run'}: {e['msg']}" for e in exc.errors())
-        fail(escape(f"{path}: invalid training run: {problems}"))
-    if spec.restart.escalate_after_deaths and spec.hunt.engine is None:
-        # Checked at filing, not in the schema, so that runs filed before the rule still load from history.
-        fail(
-            escape(
-                f"{path}: hunt.engine is missing: the hunting ticket opened after "
-                f"{spec.restart.escalate_after_deaths} deaths needs the repository its agent works in, e.g. "
-                "hunt: {agent: codex, engine: {name: trainer, kind: repo, repo: <path or URL>, base_commit: main}}"
-            )
-        )
-    return spec
-
-
-def _on_run(name: str, call: Callable[[Handle], Awaitable[T]]) -> T:
-    """Call `call` on run `name`'s workflow; an unknown run or a refused update is a clear error."""
-
-    async def go() -> T:
-        handle = (await client()).get_workflow_handle_for(TrainingRunWorkflow.run, training_workflow_id(name))
-        try:
-            return await call(handle)
-        except WorkflowUpdateFailedError as exc:
-            fail(escape(f"training run {name}: {exc.cause or exc}"))
-        except RPCError as exc:
-            if exc.status is not RPCStatusCode.NOT_FOUND:
-                fail(escape(f"training run {name}: {exc.message}"))
-        # Not found: either there never was such a run, or it has ended (an update cannot reach it then).
-        try:
-            ended = await handle.describe()
-        except RPCError:
-            fail(escape(f"no training run named {name} (workflow {training_workflow_id(name)} not found)"))
-        state = ended.status.name.lower() if ended.status else "closed"
-        fail(
-            escape(
-                f"training run {name} has already ended (workflow {state}); `daedalus train history {name}`"
-            )
-        )
-
-    return run(go())
 
 
 @app.command()
 def start(file: Annotated[Path, typer.Option("-f", "--file", help="run.yaml")]) -> None:
     """Start a training run (workflow id training-<name>); refuses a second live run of the same name."""
-    spec = load_spec(file)
 
-    async def go() -> str:
-        handle = await (await client()).start_workflow(
-            TrainingRunWorkflow.run,
-            TrainingRunInput(spec=spec),
-            id=spec.workflow_id,
-            task_queue=Settings().control_queue,
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-        )
-        return handle.id
+    async def go() -> tuple[str, str]:
+        spec = services.load_run_spec(file)
+        handle = await services.start_run(await client(), spec, queue=Settings().control_queue)
+        return handle.id, spec.host
 
-    try:
-        workflow_id = run(go())
-    except WorkflowAlreadyStartedError:
-        fail(f"training run {spec.name} is already running; `daedalus train stop {spec.name}` first")
-    console.print(f"started {workflow_id} on host {spec.host}")
+    workflow_id, host = run(go())
+    console.print(f"started {workflow_id} on host {host}")
 
 
 def render_status(status: TrainingRunStatus) -> Table:
@@ -146,7 +64,7 @@ def render_status(status: TrainingRunStatus) -> Table:
 @app.command()
 def status(name: str) -> None:
     """State, memory now, slope, last checkpoint and deaths of a run."""
-    console.print(render_status(_on_run(name, lambda h: h.query(TrainingRunWorkflow.status))))
+    console.print(render_status(_status(name)))
 
 
 @app.command()
@@ -156,10 +74,11 @@ def stop(
     reason: Annotated[str, typer.Option(help="why (recorded)")] = "stopped by request",
 ) -> None:
     """Stop a run gracefully: checkpoint signal, then SIGTERM, then SIGKILL of its process group."""
-    result = _on_run(
-        name,
-        lambda h: h.execute_update(TrainingRunWorkflow.stop, StopTraining(requested_by=by, reason=reason)),
-    )
+
+    async def go() -> TrainingRunStatus:
+        return await services.stop_run(await client(), name, StopTraining(requested_by=by, reason=reason))
+
+    result = run(go())
     console.print(f"stopping {name} (incarnation {result.incarnation})")
 
 
@@ -172,8 +91,9 @@ def decide(
 ) -> None:
     """Answer a run's pending escalation (after its third death): restart from the checkpoint, or stop."""
 
-    async def answer(handle: Handle) -> TrainingRunStatus:
-        request = (await handle.query(TrainingRunWorkflow.status)).pending_decision
+    async def answer() -> TrainingRunStatus | TicketState:
+        temporal = await client()
+        request = (await services.run_status(temporal, name)).pending_decision
         if request is None:
             fail(f"training run {name} is not waiting for a decision")
         try:
@@ -182,10 +102,18 @@ def decide(
             )
         except ValidationError as exc:
             fail(escape("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())))
-        return await handle.execute_update(TrainingRunWorkflow.decide, decision)
+        return await services.decide(temporal, decision, subject=TrainingRunSubject(run=name))
 
-    result = _on_run(name, answer)
-    console.print(f"{who} chose {option!r} for training run {name}; it is {result.state.value}")
+    result = run(answer())
+    state = result.state.value if isinstance(result, TrainingRunStatus) else result.status.value
+    console.print(f"{who} chose {option!r} for training run {name}; it is {state}")
+
+
+def _status(name: str) -> TrainingRunStatus:
+    async def go() -> TrainingRunStatus:
+        return await services.run_status(await client(), name)
+
+    return run(go())
 
 
 def render_history(status: TrainingRunStatus) -> Table:
@@ -209,4 +137,4 @@ def render_history(status: TrainingRunStatus) -> Table:
 @app.command()
 def history(name: str) -> None:
     """Every incarnation of a run: outcome and cause."""
-    console.print(render_history(_on_run(name, lambda h: h.query(TrainingRunWorkflow.status))))
+    console.print(render_history(_status(name)))

@@ -198,7 +198,7 @@ class DecisionDesk:
             AuditKind.DECISION_REQUESTED,
             f"asked {', '.join(request.allowed)}: {question}",
             decision_request=request,
-            detail={"request": request.id, "subject": self.subject.workflow_id},
+            detail={"request": request.id, "subject": self.subject.model_dump_json()},
         )
         self.shown = self.state.pending
         await self._notify(request)

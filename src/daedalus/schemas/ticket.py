@@ -230,6 +230,14 @@ class CancelRequest(Model):
     reason: str = Field(min_length=1)
 
 
+class Granted(Model):
+    """What the decider's retries granted beyond the spec, and how many attempts were made at the last one."""
+
+    extra_attempts: int = Field(default=0, ge=0)
+    extra_budget_usd: float = Field(default=0.0, ge=0)
+    retry_granted_after: int = Field(default=0, ge=0)
+
+
 class TicketCarry(Model):
     """Everything a ticket knows, in one model: what one workflow run hands the next across continue-as-new."""
 
@@ -238,11 +246,7 @@ class TicketCarry(Model):
     children: dict[str, TicketStatus] = Field(default_factory=dict)
     outcome_reason: str = ""
     dispatch_approved: bool = False
-    extra_attempts: int = Field(default=0, ge=0, description="granted by the decider's retries")
-    extra_budget_usd: float = Field(default=0.0, ge=0)
-    retry_granted_after: int = Field(
-        default=0, ge=0, description="attempts made when the last retry was granted"
-    )
+    granted: Granted = Field(default_factory=Granted)
     escalation_why: str = Field(default="", description="why the pending escalation was asked")
     desk: DeskState = Field(default_factory=DeskState)
     trail: TrailState = Field(default_factory=TrailState)

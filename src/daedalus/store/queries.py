@@ -51,3 +51,17 @@ def decisions(
     if pending:
         query = query.where(col(DecisionRow.decided_at).is_(None))
     return session.exec(query).all()
+
+
+def decision_subject(*, session: Session, request_id: str) -> str | None:
+    """The subject (JSON, as the desk wrote it) of the workflow that asked `request_id`; None if unknown.
+
+    The desk writes the request id and its subject into the `decision_requested` event, so a decision finds
+    its workflow without anyone parsing the request id.
+    """
+    detail = col(AuditEventRow.detail)
+    query = select(detail).where(
+        AuditEventRow.kind == "decision_requested", detail["request"].as_string() == request_id
+    )
+    found = session.exec(query).first()
+    return found.get("subject") if found else None

@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
@@ -98,3 +98,23 @@ class Steps:
         if inspect.iscoroutine(pending):
             pending.close()  # never started: close it rather than leave it unawaited
         raise Interrupted()
+
+
+def history_is_long(limit: int) -> bool:
+    """Time to continue as new: past `limit` events, or when the server suggests it."""
+    info = workflow.info()
+    return info.get_current_history_length() >= limit or info.is_continue_as_new_suggested()
+
+
+class SearchAttributesMirror:
+    """Mirrors state in the Temporal UI's search attributes; upserts only changed values (each is a write)."""
+
+    def __init__(self) -> None:
+        # What the run started with: the starter sets a ticket's identity, continue-as-new keeps them all.
+        self.published = {pair.key.name: str(pair.value) for pair in workflow.info().typed_search_attributes}
+
+    def publish(self, values: dict[SearchAttributeKey[str], str]) -> None:
+        changed = [key.value_set(v) for key, v in values.items() if self.published.get(key.name) != v]
+        if changed:
+            workflow.upsert_search_attributes(changed)
+            self.published.update({key.name: value for key, value in values.items()})

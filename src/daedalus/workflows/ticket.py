@@ -13,10 +13,8 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 from temporalio import workflow
-from temporalio.common import SearchAttributeKey
 
 with workflow.unsafe.imports_passed_through():
-    from daedalus.activities.refs import RUN_ATTEMPT, RUN_BUILD, RUN_GATE
     from daedalus.decisions.desk import Answer, DecisionDesk, E, Waiting
     from daedalus.decisions.schemas import (
         TICKET_ESCALATION_MEANING,
@@ -30,10 +28,8 @@ with workflow.unsafe.imports_passed_through():
     )
     from daedalus.ids import ticket_workflow_id
     from daedalus.schemas import search_attributes as sa
-    from daedalus.schemas.agents import ExitReason
     from daedalus.schemas.audit import AuditKind, TicketSnapshot
-    from daedalus.schemas.gates import GateResult, GateSpec, Verdict
-    from daedalus.schemas.steps import AttemptInput, BuildInput, BuildResult, GateInput
+    from daedalus.schemas.gates import Verdict
     from daedalus.schemas.ticket import (
         AttemptOutcome,
         AttemptSummary,
@@ -46,7 +42,8 @@ with workflow.unsafe.imports_passed_through():
         TicketStatus,
     )
     from daedalus.workflows import ticket_rules as rules
-    from daedalus.workflows.steps import Interrupted, StepFailed, Steps
+    from daedalus.workflows.steps import Interrupted, SearchAttributesMirror, Steps, history_is_long
+    from daedalus.workflows.ticket_steps import TicketSteps
     from daedalus.workflows.trail import AuditTrail
 
 
@@ -71,7 +68,8 @@ class TicketWorkflow:
         )
         self.cancel_request: CancelRequest | None = None
         self.steps = Steps(lambda: self.cancel_request is not None)
-        self.published: dict[str, str] = {}
+        self.work = TicketSteps(self.steps, self.trail)
+        self.ui = SearchAttributesMirror()
 
     # ---- queries and updates -------------------------------------------------------------------------
 
@@ -161,12 +159,10 @@ class TicketWorkflow:
 
     @workflow.run
     async def run(self, ticket: TicketInput) -> TicketState:
-        self.published = {pair.key.name: str(pair.value) for pair in workflow.info().typed_search_attributes}
+        self.ui.publish(sa.ticket_identity(self.spec))  # a no-op when the starter (or the last run) set them
         if ticket.carry is None:
-            self._publish(sa.ticket_identity(self.spec))  # a no-op when the starter set them
-            await self.trail.record(
-                AuditKind.FILED, f"filed by {ticket.filed_by}: {self.spec.title}", actor=ticket.filed_by
-            )
+            filed = f"filed by {ticket.filed_by}: {self.spec.title}"
+            await self.trail.record(AuditKind.FILED, filed, actor=ticket.filed_by)
         try:
             status, reason = await self._lifecycle()
         except (asyncio.CancelledError, Interrupted):
@@ -252,7 +248,7 @@ class TicketWorkflow:
             if self.desk.pending is not None:  # asked before this ticket continued as new
                 why: str | None = self.s.escalation_why
             else:
-                rule = rules.why_stop(self.spec, self.s.attempts, self._budget())
+                rule = rules.why_stop(self.spec, self.s.attempts, self.s.granted)
                 why = None if rule is None else f"Ticket {self.spec.id} needs a decision: {rule}."
             if why is not None:
                 closed = await self._escalate(why)
@@ -268,139 +264,39 @@ class TicketWorkflow:
         await self._transition(
             TicketStatus.DISPATCHED, f"attempt {number} dispatched to {spec.agent.name.value}"
         )
-        allowed = spec.max_attempts + self.s.extra_attempts
-        brief = rules.brief(spec, self.s.attempts, number, allowed)
-        filing = workflow.info().first_execution_run_id
-        result = await self.steps.on_host(
-            RUN_ATTEMPT,
-            AttemptInput(spec=spec, attempt=number, brief=brief, filing=filing),
-            host=spec.host,
-            timeout=timedelta(hours=6),
-        )
-        if isinstance(result, StepFailed):
-            failed = f"the attempt step failed on {spec.host}: {result.message}"
-            summary = AttemptSummary(
-                number=number, branch="", outcome=AttemptOutcome.AGENT_FAILED, detail=failed
-            )
-            await self._record_attempt(
-                summary, f"attempt {number}: step failed on the host: {result.message}"
-            )
+        brief = rules.brief(spec, self.s.attempts, number, spec.max_attempts + self.s.granted.extra_attempts)
+        summary, text = await self.work.attempt(spec, number, brief)
+        self._set(attempts=[*self.s.attempts, summary])
+        detail = {"branch": summary.branch, "commit": summary.commit or ""}
+        await self.trail.record(AuditKind.ATTEMPT, text, detail=detail)
+        if summary.commit is None:
             return None
-        committed = result.exit_reason is ExitReason.COMMITTED and result.commit is not None
-        no_commit = (
-            AttemptOutcome.NO_COMMIT
-            if result.exit_reason is ExitReason.NO_COMMIT
-            else AttemptOutcome.AGENT_FAILED
-        )
-        summary = AttemptSummary(
-            number=number,
-            branch=result.branch,
-            commit=result.commit if committed else None,
-            outcome=AttemptOutcome.COMMITTED if committed else no_commit,
-            detail="" if committed else result.summary(),
-            cost_usd=result.usage.cost_usd,
-            cost_source=result.usage.cost_source,
-        )
-        if result.commit is None or not committed:
-            why = f"agent produced no usable commit ({result.exit_reason.value})"
-            await self._record_attempt(summary, f"attempt {number}: {why}")
-            return None
-        await self._record_attempt(
-            summary, f"attempt {number}: {result.agent} committed {result.commit[:12]} ({result.diff_stat})"
-        )
         if spec.build is not None:
             await self._transition(TicketStatus.BUILDING, f"building attempt {number} on {spec.host}")
-            build = await self.steps.on_host(
-                RUN_BUILD,
-                BuildInput(
-                    ticket_id=spec.id,
-                    attempt=number,
-                    command=spec.build.command,
-                    timeout_s=spec.build.timeout_s,
-                ),
-                host=spec.host,
-                timeout=timedelta(seconds=spec.build.timeout_s + 60),
-            )
-            if isinstance(build, StepFailed):
-                build = BuildResult(
-                    ok=False, returncode=-1, log="", log_tail=f"build step failed: {build.message}"
-                )
-            if not build.ok:
-                detail = f"build exited {build.returncode}: {build.log_tail[-600:]}"
-                summary = summary.model_copy(
-                    update={"outcome": AttemptOutcome.BUILD_FAILED, "detail": detail}
-                )
-                text = f"attempt {number}: build failed (exit {build.returncode})"
-                await self.trail.record(AuditKind.BUILD, text, detail={"log": build.log})
-                self._replace_attempt(summary)
+            failed = await self.work.build(spec, summary)
+            if failed is not None:
+                self._replace_attempt(failed)
                 return None
-            await self.trail.record(
-                AuditKind.BUILD, f"attempt {number}: build passed", detail={"log": build.log}
-            )
-        return await self._gate_and_decide(summary, commit=result.commit)
+        return await self._gate_and_decide(summary, commit=summary.commit)
 
     async def _gate_and_decide(self, summary: AttemptSummary, commit: str) -> rules.Closed | None:
         gates = self.spec.gates
         await self._transition(TicketStatus.GATING, f"attempt {summary.number}: measuring {len(gates)} gates")
-        results = [await self._measure(gate, summary.number, commit) for gate in gates]
+        results = [await self.work.measure(self.spec, gate, summary.number, commit) for gate in gates]
         judged = rules.judge_gates(self.spec, summary, results)
         self._replace_attempt(judged.attempt)
         if judged.escalate is not None:
             return await self._escalate(judged.escalate)
         return judged.closed
 
-    async def _measure(self, gate: GateSpec, attempt: int, commit: str) -> GateResult:
-        """Measure a gate; INCONCLUSIVE and INVALID are rerun automatically before anyone is asked."""
-        spec = self.spec
-        for round_number in range(1, spec.approval.inconclusive_reruns + 2):
-            engine = spec.engine if spec.agent is None else None
-            measured = await self.steps.on_host(
-                RUN_GATE,
-                GateInput(
-                    ticket_id=spec.id,
-                    attempt=attempt,
-                    round=round_number,
-                    gate=gate,
-                    host=spec.host,
-                    commit=commit,
-                    engine=engine,
-                ),
-                host=spec.host,
-                timeout=timedelta(seconds=gate.timeout_s + 60),
-            )
-            result = (
-                rules.failed_step_result(gate, spec.host, commit, measured.message)
-                if isinstance(measured, StepFailed)
-                else measured
-            )
-            verdict = result.verdict.value
-            await self.trail.record(
-                AuditKind.GATE,
-                f"attempt {attempt}: gate {gate.name} round {round_number}: {verdict} — {result.reason}",
-                detail={"gate": gate.name, "verdict": verdict, "round": str(round_number)},
-                gate_results=[result],
-                attempt=attempt,
-            )
-            if result.verdict in (Verdict.PASS, Verdict.FAIL):
-                break
-        return result
-
     async def _escalate(self, why: str) -> rules.Closed | None:
         self._set(escalation_why=why)
-        evidence = [
-            f"attempt {a.number} [{a.outcome.value}] {a.commit or '-'}: {a.detail[:400]}"
-            for a in self.s.attempts
-        ]
+        evidence = rules.evidence(self.s.attempts)
         question = f"{why} What now? ({TICKET_ESCALATION_MEANING})"
         answer = await self._ask(DecisionKind.ESCALATION, question, TicketEscalationOption, evidence)
         closed = rules.escalation_outcome(answer.option, answer.by, why)
-        if closed is None:  # one more attempt, with as much budget again
-            agent_budget = self.spec.agent.budget_usd if self.spec.agent else None
-            self._set(
-                extra_attempts=self.s.extra_attempts + 1,
-                extra_budget_usd=self.s.extra_budget_usd + (agent_budget or 0.0),
-                retry_granted_after=len(self.s.attempts),
-            )
+        if closed is None:
+            self._set(granted=rules.retry_granted(self.spec, self.s.granted, len(self.s.attempts)))
         return closed
 
     # ---- decisions and bookkeeping -------------------------------------------------------------------
@@ -411,7 +307,7 @@ class TicketWorkflow:
         waiting = Waiting(
             reminder=timedelta(seconds=self.spec.approval.reminder_interval_s),
             interrupted=lambda: self.cancel_request is not None,
-            history_is_long=self._history_is_long,
+            history_is_long=lambda: history_is_long(self.input.history_limit),
             continue_as_new=self._continue_as_new,
         )
         answer = await self.desk.ask(
@@ -425,15 +321,8 @@ class TicketWorkflow:
         """The ticket's status and the UI's `DaedalusAwaiting` move before the request's event is written."""
         escalation = request.kind is DecisionKind.ESCALATION
         self._set(status=TicketStatus.AWAITING_DECISION if escalation else TicketStatus.AWAITING_APPROVAL)
-        self._publish(
+        self.ui.publish(
             {sa.STATUS: self.s.status.value, sa.AWAITING: ",".join(self.desk.allowed(request.kind))}
-        )
-
-    def _history_is_long(self) -> bool:
-        info = workflow.info()
-        return (
-            info.get_current_history_length() >= self.input.history_limit
-            or info.is_continue_as_new_suggested()
         )
 
     def _continue_as_new(self) -> NoReturn:
@@ -442,54 +331,23 @@ class TicketWorkflow:
         )
         workflow.continue_as_new(self.input.model_copy(update={"spec": self.spec, "carry": carry}))
 
-    def _budget(self) -> rules.Budget:
-        return rules.Budget(self.s.extra_attempts, self.s.extra_budget_usd, self.s.retry_granted_after)
-
     def _set(self, **changes: Any) -> None:
         self.s = self.s.model_copy(update=changes)
-
-    async def _record_attempt(self, summary: AttemptSummary, text: str) -> None:
-        self._set(attempts=[*self.s.attempts, summary])
-        detail = {"branch": summary.branch, "commit": summary.commit or ""}
-        await self.trail.record(AuditKind.ATTEMPT, text, detail=detail)
 
     def _replace_attempt(self, summary: AttemptSummary) -> None:
         self._set(attempts=[summary if a.number == summary.number else a for a in self.s.attempts])
 
     async def _transition(self, status: TicketStatus, summary: str, actor: str = "daedalus") -> None:
         self._set(status=status)
-        self._publish({sa.STATUS: status.value, sa.AWAITING: ""})
+        self.ui.publish({sa.STATUS: status.value, sa.AWAITING: ""})
         await self.trail.record(AuditKind.TRANSITION, summary, actor=actor)
-
-    def _publish(self, values: dict[SearchAttributeKey[str], str]) -> None:
-        """Mirror state in the Temporal UI's search attributes; only changed values (each upsert is a write)."""
-        changed = [
-            key.value_set(value) for key, value in values.items() if self.published.get(key.name) != value
-        ]
-        if changed:
-            workflow.upsert_search_attributes(changed)
-            self.published.update({key.name: value for key, value in values.items()})
 
     async def _close(self, status: TicketStatus, reason: str, actor: str = "daedalus") -> None:
         self._set(outcome_reason=reason)
         await self._transition(status, f"closed {status.value}: {reason}", actor=actor)
 
     def _snapshot(self, seq: int, kind: AuditKind) -> TicketSnapshot:
-        """The ticket's projection as of the event being written (with the spec when filed or amended)."""
-        info, spec, pending = workflow.info(), self.spec, self.desk.pending
-        return TicketSnapshot(
-            ticket_id=spec.id,
-            workflow_id=info.workflow_id,
-            run_id=info.first_execution_run_id,
-            title=spec.title,
-            parent=spec.parent,
-            kind=spec.kind.value,
-            host=spec.host,
-            engine=spec.engine.name if spec.engine else None,
-            agent=spec.agent.name.value if spec.agent else None,
-            status=self.s.status.value,
-            attempts=len(self.s.attempts),
-            awaiting=",".join(self.desk.allowed(pending.kind)) if pending else None,
-            outcome_reason=self.s.outcome_reason,
-            spec=spec.model_dump(mode="json") if seq == 1 or kind is AuditKind.AMENDED else None,
-        )
+        pending = self.desk.pending
+        awaiting = ",".join(self.desk.allowed(pending.kind)) if pending else None
+        with_spec = seq == 1 or kind is AuditKind.AMENDED  # the spec as filed, and as amended
+        return rules.snapshot(self.spec, self.s, workflow.info(), awaiting, with_spec)

@@ -4,26 +4,28 @@ answers mean for the ticket. No Temporal here: tests/workflows/test_ticket_rules
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import assert_never
+from typing import TYPE_CHECKING, assert_never
 
 from daedalus.decisions.schemas import TicketEscalationOption
+from daedalus.schemas.audit import TicketSnapshot
 from daedalus.schemas.gates import GateResult, GateSpec, Verdict
-from daedalus.schemas.ticket import AttemptOutcome, AttemptSummary, TicketSpec, TicketStatus
+from daedalus.schemas.ticket import (
+    AttemptOutcome,
+    AttemptSummary,
+    Granted,
+    TicketCarry,
+    TicketSpec,
+    TicketStatus,
+)
+
+if TYPE_CHECKING:
+    from temporalio import workflow
 
 Closed = tuple[TicketStatus, str]
 """A ticket's outcome: the closed status and its reason."""
 
 
-@dataclass(frozen=True)
-class Budget:
-    """What the decider granted beyond the spec: extra attempts and spend, and where the last retry began."""
-
-    extra_attempts: int = 0
-    extra_usd: float = 0.0
-    retry_granted_after: int = 0
-
-
-def why_stop(spec: TicketSpec, attempts: list[AttemptSummary], budget: Budget) -> str | None:
+def why_stop(spec: TicketSpec, attempts: list[AttemptSummary], budget: Granted) -> str | None:
     """The anti-loop rules: attempts used up, the same failure twice, or the ticket's budget spent."""
     made = len(attempts)
     allowed = spec.max_attempts + budget.extra_attempts
@@ -35,10 +37,19 @@ def why_stop(spec: TicketSpec, attempts: list[AttemptSummary], budget: Budget) -
         spent = sum(a.cost_usd or 0.0 for a in attempts)
         unknown = sum(1 for a in attempts if a.cost_usd is None and a.branch)
         next_attempt = spec.agent.budget_usd if spec.agent else None
-        if spent + (next_attempt or 0.0) > spec.budget_usd + budget.extra_usd:
+        if spent + (next_attempt or 0.0) > spec.budget_usd + budget.extra_budget_usd:
             note = f" ({unknown} attempts of unknown cost not included)" if unknown else ""
             return f"the ticket budget ${spec.budget_usd:.2f} would be exceeded: ${spent:.2f} spent{note}"
     return None
+
+
+def retry_granted(spec: TicketSpec, granted: Granted, attempts_made: int) -> Granted:
+    """The decider chose retry: one more attempt, with as much agent budget again."""
+    return Granted(
+        extra_attempts=granted.extra_attempts + 1,
+        extra_budget_usd=granted.extra_budget_usd + ((spec.agent.budget_usd if spec.agent else None) or 0.0),
+        retry_granted_after=attempts_made,
+    )
 
 
 def same_failure_twice(attempts: list[AttemptSummary]) -> bool:
@@ -154,3 +165,30 @@ def brief(spec: TicketSpec, attempts: list[AttemptSummary], number: int, allowed
         parts.append(f"## Previous attempt {last.number} ({last.outcome.value}) — fix this\n{last.detail}")
     parts.append(f"This is attempt {number} of {allowed}.")
     return "\n\n".join(p for p in parts if p)
+
+
+def evidence(attempts: list[AttemptSummary]) -> list[str]:
+    """The attempts side by side, for the decider."""
+    return [f"attempt {a.number} [{a.outcome.value}] {a.commit or '-'}: {a.detail[:400]}" for a in attempts]
+
+
+def snapshot(
+    spec: TicketSpec, carry: TicketCarry, info: workflow.Info, awaiting: str | None, with_spec: bool
+) -> TicketSnapshot:
+    """The ticket's projection as of the event being written."""
+    return TicketSnapshot(
+        ticket_id=spec.id,
+        workflow_id=info.workflow_id,
+        run_id=info.first_execution_run_id,
+        title=spec.title,
+        parent=spec.parent,
+        kind=spec.kind.value,
+        host=spec.host,
+        engine=spec.engine.name if spec.engine else None,
+        agent=spec.agent.name.value if spec.agent else None,
+        status=carry.status.value,
+        attempts=len(carry.attempts),
+        awaiting=awaiting,
+        outcome_reason=carry.outcome_reason,
+        spec=spec.model_dump(mode="json") if with_spec else None,
+    )

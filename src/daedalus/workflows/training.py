@@ -51,7 +51,7 @@ with workflow.unsafe.imports_passed_through():
         TrainingRunSpec,
         TrainingRunStatus,
     )
-    from daedalus.workflows.steps import StepFailed, Steps
+    from daedalus.workflows.steps import StepFailed, Steps, history_is_long
     from daedalus.workflows.trail import AuditTrail
 
 AUDIT_PATCH = "training-audit-events"
@@ -216,7 +216,7 @@ class TrainingRunWorkflow:
                     await self._audit_death(report.death)
                 if await self._after_death(report.death):
                     return
-            if self._history_is_long():
+            if history_is_long(self.spec.history_limit):
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 self._continue_as_new()
 
@@ -296,13 +296,6 @@ class TrainingRunWorkflow:
         ):
             return last.decided_by
         return "daedalus"
-
-    def _history_is_long(self) -> bool:
-        info = workflow.info()
-        return (
-            info.get_current_history_length() >= self.spec.history_limit
-            or info.is_continue_as_new_suggested()
-        )
 
     async def _host_report(self) -> HostReport | None:
         report = await self.steps.on_host(
@@ -478,7 +471,7 @@ class TrainingRunWorkflow:
         waiting = Waiting(
             reminder=timedelta(seconds=self.spec.approval.reminder_interval_s) if reminders else None,
             interrupted=lambda: self.c.stop is not None,
-            history_is_long=self._history_is_long,
+            history_is_long=lambda: history_is_long(self.spec.history_limit),
             continue_as_new=self._continue_as_new,
         )
         answer = await self.desk.wait(TrainingEscalationOption, waiting)

@@ -1,4 +1,4 @@
-"""The Python client every entry point uses: file tickets, decide, delegate, amend, cancel, read status.
+"""Tickets: read and check a spec, file it, delegate, amend, cancel, read its status.
 
 CLI, HTTP API and the demo call these; each turns Temporal's errors into `TicketError`s whose messages say
 what is wrong and how to fix it.
@@ -10,46 +10,24 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
-from temporalio.client import Client, WorkflowHandle, WorkflowQueryFailedError, WorkflowUpdateFailedError
+from pydantic import ValidationError
+from temporalio.client import Client, WorkflowHandle, WorkflowQueryFailedError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from daedalus.ids import TRAINING_PREFIX
+from daedalus.ids import ticket_workflow_id
 from daedalus.schemas import search_attributes
 from daedalus.schemas.ticket import (
     CancelRequest,
-    Decision,
-    DecisionKind,
     Delegation,
     SpecAmendment,
     TicketInput,
     TicketSpec,
     TicketState,
 )
-from daedalus.schemas.training import TrainingRunStatus
+from daedalus.services._temporal import TicketError, update
 from daedalus.workflows.ticket import TicketWorkflow
-from daedalus.workflows.training import TrainingRunWorkflow
-
-
-class TicketError(Exception):
-    """A request Daedalus refused; the message is for the person who made it."""
-
-
-async def connect(address: str, namespace: str = "default") -> Client:
-    try:
-        return await Client.connect(address, namespace=namespace, data_converter=pydantic_data_converter)
-    except RuntimeError as error:
-        raise TicketError(
-            f"cannot reach Temporal at {address} ({error}); start it with `daedalus up`, "
-            f"or point DAEDALUS_TEMPORAL_ADDRESS at your cluster"
-        ) from error
-
-
-def workflow_id(ticket_id: str) -> str:
-    return f"ticket-{ticket_id}"
 
 
 def explain(error: ValidationError, source: str) -> str:
@@ -109,7 +87,7 @@ async def file_ticket(
         return await client.start_workflow(
             TicketWorkflow.run,
             TicketInput(spec=spec, filed_by=filed_by),
-            id=workflow_id(spec.id),
+            id=ticket_workflow_id(spec.id),
             task_queue=queue,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
             id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
@@ -117,76 +95,38 @@ async def file_ticket(
         )
     except WorkflowAlreadyStartedError as error:
         raise TicketError(
-            f"ticket {spec.id} is already live (workflow {workflow_id(spec.id)}); amend it, cancel it, "
+            f"ticket {spec.id} is already live (workflow {ticket_workflow_id(spec.id)}); amend it, cancel it, "
             f"or file under another id"
         ) from error
 
 
-def subject_of_request(request_id: str) -> tuple[str, str]:
-    """(workflow id, what to call it) for a decision request id.
-
-    Request ids are `<subject>-<kind>-<n>`: `4-dispatch-1` belongs to ticket 4 (workflow `ticket-4`),
-    `training-drafter-escalation-1` to the training run `drafter` (workflow `training-drafter`).
-    """
-    parts = request_id.rsplit("-", 2)
-    kinds = {k.value for k in DecisionKind}
-    if len(parts) != 3 or parts[1] not in kinds or not parts[2].isdigit():
-        raise TicketError(
-            f"{request_id!r} is not a decision request id; they look like <ticket>-<kind>-<n> with kind in "
-            f"{sorted(kinds)}, e.g. 4-dispatch-1 (see `daedalus ticket show ID`)"
-        )
-    subject = parts[0]
-    if subject.startswith(TRAINING_PREFIX):
-        return subject, f"training run {subject.removeprefix(TRAINING_PREFIX)}"
-    return workflow_id(subject), f"ticket {subject}"
-
-
-async def _update(client: Client, target: tuple[str, str], update: Any, argument: BaseModel) -> Any:
-    workflow, label = target
-    handle = client.get_workflow_handle(workflow)
-    try:
-        return await handle.execute_update(update, argument)
-    except WorkflowUpdateFailedError as error:
-        cause = error.cause
-        message = cause.message if isinstance(cause, ApplicationError) else str(cause or error)
-        raise TicketError(f"{label} refused: {message}") from error
-    except RPCError as error:
-        if error.status is RPCStatusCode.NOT_FOUND:
-            raise TicketError(f"{label} is not live (no running workflow {workflow})") from error
-        raise TicketError(f"{label}: {error.message}") from error
-
-
-def _ticket(ticket_id: str) -> tuple[str, str]:
-    return workflow_id(ticket_id), f"ticket {ticket_id}"
-
-
-async def decide(client: Client, decision: Decision) -> TicketState | TrainingRunStatus:
-    """Answer a ticket's or a training run's pending decision, through the workflow's `decide` update."""
-    target = subject_of_request(decision.request_id)
-    if target[0].startswith(TRAINING_PREFIX):
-        run_status: TrainingRunStatus = await _update(client, target, TrainingRunWorkflow.decide, decision)
-        return run_status
-    state: TicketState = await _update(client, target, TicketWorkflow.decide, decision)
-    return state
+def _label(ticket_id: str) -> str:
+    return f"ticket {ticket_id}"
 
 
 async def delegate(client: Client, ticket_id: str, delegation: Delegation) -> list[str]:
-    result: list[str] = await _update(client, _ticket(ticket_id), TicketWorkflow.delegate, delegation)
+    result: list[str] = await update(
+        client, ticket_workflow_id(ticket_id), _label(ticket_id), TicketWorkflow.delegate, delegation
+    )
     return result
 
 
 async def amend(client: Client, ticket_id: str, amendment: SpecAmendment) -> TicketState:
-    result: TicketState = await _update(client, _ticket(ticket_id), TicketWorkflow.amend, amendment)
+    result: TicketState = await update(
+        client, ticket_workflow_id(ticket_id), _label(ticket_id), TicketWorkflow.amend, amendment
+    )
     return result
 
 
 async def cancel(client: Client, ticket_id: str, request: CancelRequest) -> TicketState:
-    result: TicketState = await _update(client, _ticket(ticket_id), TicketWorkflow.cancel, request)
+    result: TicketState = await update(
+        client, ticket_workflow_id(ticket_id), _label(ticket_id), TicketWorkflow.cancel, request
+    )
     return result
 
 
 async def status(client: Client, ticket_id: str) -> TicketState:
-    handle = client.get_workflow_handle(workflow_id(ticket_id))
+    handle = client.get_workflow_handle(ticket_workflow_id(ticket_id))
     try:
         result: TicketState = await handle.query(TicketWorkflow.state)
         return result

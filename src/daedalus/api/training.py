@@ -1,0 +1,60 @@
+"""/training: start a training run, read its status, stop it. The same services as `daedalus train`."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, status
+
+from daedalus import services
+from daedalus.api.context import Caller, Context, TemporalClient, require_same_person
+from daedalus.api.errors import refusal, within
+from daedalus.schemas._base import Model
+from daedalus.schemas.training import StopTraining, TrainingRunSpec, TrainingRunStatus
+
+router = APIRouter(prefix="/training", tags=["training"])
+
+
+class RunStarted(Model):
+    name: str
+    workflow_id: str
+    run_id: str | None
+    host: str
+    started_by: str
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=RunStarted)
+async def start_run(
+    spec: TrainingRunSpec, caller: Caller, context: Context, client: TemporalClient
+) -> RunStarted:
+    """Start a training run (the body is a run file, as JSON). 409 while a run of that name is live."""
+    try:
+        handle = await services.start_run(client, spec, queue=context.control_queue)
+    except services.TicketError as error:
+        raise refusal(error) from error
+    return RunStarted(
+        name=spec.name,
+        workflow_id=handle.id,
+        run_id=handle.first_execution_run_id,
+        host=spec.host,
+        started_by=caller,
+    )
+
+
+@router.get("/{name}", response_model=TrainingRunStatus)
+async def run_status(name: str, _: Caller, context: Context, client: TemporalClient) -> TrainingRunStatus:
+    """State, memory now, slope, last checkpoint, deaths and the pending escalation of a run."""
+    try:
+        return await within(services.run_status(client, name), context.settings.update_timeout_s, name)
+    except services.TicketError as error:
+        raise refusal(error) from error
+
+
+@router.post("/{name}/stop", response_model=TrainingRunStatus)
+async def stop_run(
+    name: str, request: StopTraining, caller: Caller, context: Context, client: TemporalClient
+) -> TrainingRunStatus:
+    """Stop a run gracefully (checkpoint signal, SIGTERM, SIGKILL); `requested_by` must be the caller."""
+    require_same_person(caller, request.requested_by, "requested_by")
+    try:
+        return await within(services.stop_run(client, name, request), context.settings.update_timeout_s, name)
+    except services.TicketError as error:
+        raise refusal(error) from error

@@ -1,0 +1,44 @@
+"""Connecting to Temporal and sending an update, with Temporal's errors turned into `TicketError`s."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+
+class TicketError(Exception):
+    """A request Daedalus refused; the message is for the person who made it."""
+
+
+class UnknownRequest(TicketError):
+    """A decision for a request no ticket or training run asked."""
+
+
+async def connect(address: str, namespace: str = "default") -> Client:
+    try:
+        return await Client.connect(address, namespace=namespace, data_converter=pydantic_data_converter)
+    except RuntimeError as error:
+        raise TicketError(
+            f"cannot reach Temporal at {address} ({error}); start it with `daedalus up`, "
+            f"or point DAEDALUS_TEMPORAL_ADDRESS at your cluster"
+        ) from error
+
+
+async def update(client: Client, workflow_id: str, label: str, update: Any, argument: BaseModel) -> Any:
+    """Send `update` to the live workflow `workflow_id`; a refusal or a closed workflow is a TicketError."""
+    handle = client.get_workflow_handle(workflow_id)
+    try:
+        return await handle.execute_update(update, argument)
+    except WorkflowUpdateFailedError as error:
+        cause = error.cause
+        message = cause.message if isinstance(cause, ApplicationError) else str(cause or error)
+        raise TicketError(f"{label} refused: {message}") from error
+    except RPCError as error:
+        if error.status is RPCStatusCode.NOT_FOUND:
+            raise TicketError(f"{label} is not live (no running workflow {workflow_id})") from error
+        raise TicketError(f"{label}: {error.message}") from error

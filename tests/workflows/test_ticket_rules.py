@@ -1,0 +1,111 @@
+"""The ticket's pure rules, without a server: when to stop and ask, the same failure twice, what gate results
+and the decider's answers mean."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from daedalus.decisions.schemas import TicketEscalationOption
+from daedalus.schemas.gates import GateResult, Verdict
+from daedalus.schemas.ticket import AttemptOutcome, AttemptSummary, Granted, TicketSpec, TicketStatus
+from daedalus.workflows import ticket_rules as rules
+from tests.support import ticket_spec
+
+
+def spec(**overrides: object) -> TicketSpec:
+    gates = [
+        {"name": "decode", "metric": "decode_tps", "threshold": 55, "command": "true"},
+        {"name": "batch8", "metric": "decode_tps", "threshold": 55, "command": "true"},
+    ]
+    return ticket_spec(Path("/repo"), "h", gates=gates, exception_gates=["batch8"], **overrides)
+
+
+def result(gate: str, verdict: Verdict) -> GateResult:
+    return GateResult(gate=gate, metric="decode_tps", verdict=verdict, reason="r", rule="x", method="command")
+
+
+def attempt(number: int, outcome: AttemptOutcome, *failing: str, cost: float | None = None) -> AttemptSummary:
+    results = [result(g, Verdict.FAIL) for g in failing]
+    return AttemptSummary(
+        number=number, branch=f"b{number}", outcome=outcome, gate_results=results, cost_usd=cost
+    )
+
+
+def test_attempts_used_up_stops() -> None:
+    made = [attempt(1, AttemptOutcome.NO_COMMIT), attempt(2, AttemptOutcome.BUILD_FAILED)]
+    assert rules.why_stop(spec(max_attempts=2), made, Granted()) == "2 of 2 attempts used without passing"
+    assert (
+        rules.why_stop(spec(max_attempts=2), made, Granted(extra_attempts=1, retry_granted_after=2)) is None
+    )
+
+
+def test_the_same_failure_twice_stops_but_a_different_one_does_not() -> None:
+    same = [
+        attempt(1, AttemptOutcome.GATES_FAILED, "decode"),
+        attempt(2, AttemptOutcome.GATES_FAILED, "decode"),
+    ]
+    other = [
+        attempt(1, AttemptOutcome.GATES_FAILED, "decode"),
+        attempt(2, AttemptOutcome.GATES_FAILED, "batch8"),
+    ]
+    assert rules.why_stop(spec(max_attempts=5), same, Granted()) == "the same failure twice"
+    assert rules.why_stop(spec(max_attempts=5), other, Granted()) is None
+    # After a retry only the attempts since count: one more of the same is not "twice" yet.
+    third = [*same, attempt(3, AttemptOutcome.GATES_FAILED, "decode")]
+    assert rules.same_failure_twice(third[2:]) is False
+
+
+def test_the_budget_stops_before_it_would_be_exceeded() -> None:
+    costly = spec(max_attempts=5, budget_usd=10, agent={"name": "scripted", "patch": "x", "budget_usd": 4})
+    made = [attempt(1, AttemptOutcome.NO_COMMIT, cost=3.0), attempt(2, AttemptOutcome.BUILD_FAILED, cost=3.5)]
+    assert "budget $10.00 would be exceeded: $6.50 spent" in (rules.why_stop(costly, made, Granted()) or "")
+    granted = rules.retry_granted(costly, Granted(), attempts_made=2)
+    assert granted == Granted(extra_attempts=1, extra_budget_usd=4.0, retry_granted_after=2)
+    assert rules.why_stop(costly, made, granted) is None
+
+
+@pytest.mark.parametrize(
+    ("decode", "batch8", "closed", "escalates"),
+    [
+        (Verdict.PASS, Verdict.PASS, TicketStatus.PASSED, False),
+        (Verdict.PASS, Verdict.FAIL, TicketStatus.CLOSED_UNDER_EXCEPTION, False),
+        (Verdict.PASS, Verdict.INCONCLUSIVE, None, True),
+        (Verdict.INVALID, Verdict.PASS, None, True),
+        (Verdict.FAIL, Verdict.PASS, None, False),  # back to the agent with the evidence
+        (Verdict.FAIL, Verdict.INCONCLUSIVE, None, False),  # a FAIL is fixable: not for the decider yet
+    ],
+)
+def test_gate_results_aggregate_into_an_outcome(
+    decode: Verdict, batch8: Verdict, closed: TicketStatus | None, escalates: bool
+) -> None:
+    summary = attempt(1, AttemptOutcome.COMMITTED)
+    judged = rules.judge_gates(spec(), summary, [result("decode", decode), result("batch8", batch8)])
+    assert (judged.closed[0] if judged.closed else None) is closed
+    assert (judged.escalate is not None) is escalates
+    passed = decode is Verdict.PASS and batch8 is Verdict.PASS
+    assert judged.attempt.outcome is (AttemptOutcome.GATES_PASSED if passed else AttemptOutcome.GATES_FAILED)
+    assert [r.gate for r in judged.attempt.gate_results] == ["decode", "batch8"]
+
+
+@pytest.mark.parametrize("option", list(TicketEscalationOption))
+def test_every_escalation_option_has_a_meaning(option: TicketEscalationOption) -> None:
+    closed = rules.escalation_outcome(option, "wayne: enough", "the same failure twice")
+    if option is TicketEscalationOption.RETRY:
+        assert closed is None
+    else:
+        assert closed is not None and closed[0].is_closed and "wayne: enough" in closed[1]
+
+
+def test_an_umbrella_passes_only_on_its_children() -> None:
+    assert rules.children_outcome({"a": TicketStatus.PASSED})[0] is TicketStatus.PASSED
+    excepted = {"a": TicketStatus.PASSED, "b": TicketStatus.CLOSED_UNDER_EXCEPTION}
+    assert rules.children_outcome(excepted)[0] is TicketStatus.CLOSED_UNDER_EXCEPTION
+    assert rules.children_outcome({"a": TicketStatus.FAILED})[0] is TicketStatus.FAILED
+
+
+def test_the_brief_carries_the_last_failure() -> None:
+    failed = attempt(1, AttemptOutcome.BUILD_FAILED).model_copy(update={"detail": "undefined symbol"})
+    text = rules.brief(spec(constraints=["no new deps"]), [failed], 2, 3)
+    assert "no new deps" in text and "undefined symbol" in text and "attempt 2 of 3" in text
