@@ -9,6 +9,7 @@ from sqlalchemy import Engine
 from temporalio.client import Client
 
 from daedalus import services as daedalus
+from daedalus.schemas import search_attributes as sa
 from daedalus.schemas.audit import AuditKind
 from daedalus.schemas.ticket import Decision, TicketInput, TicketStatus
 from daedalus.workflows.ticket import TicketWorkflow
@@ -42,7 +43,15 @@ async def test_a_month_long_wait_continues_as_new_and_keeps_its_state(
         # Each run's history stays near the threshold, however long the wait.
         current = await temporal_client.get_workflow_handle(handle.id).fetch_history()
         assert len(current.events) < LIMIT + 20
-        assert (await temporal_client.get_workflow_handle(handle.id).describe()).run_id != first_run
+        described = await temporal_client.get_workflow_handle(handle.id).describe()
+        assert described.run_id != first_run
+        # The UI still shows what the ticket waits for, and for whom.
+        shown = described.typed_search_attributes
+        assert (shown.get(sa.STATUS), shown.get(sa.AWAITING), shown.get(sa.TICKET_ID)) == (
+            "awaiting_approval",
+            "wayne",
+            spec.id,
+        )
         await daedalus.decide(
             temporal_client,
             Decision(request_id=request.id, option="approve", decided_by="wayne"),
