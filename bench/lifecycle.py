@@ -44,6 +44,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from daedalus import services as daedalus  # noqa: E402
+from daedalus.activities.refs import (  # noqa: E402
+    NOTIFY_DECISION_REQUEST,
+    RECORD_AUDIT_EVENT,
+    RUN_ATTEMPT,
+    RUN_BUILD,
+    RUN_GATE,
+)
 from daedalus.decisions.schemas import TicketSubject  # noqa: E402
 from daedalus.devserver import DevServer  # noqa: E402
 from daedalus.ids import host_queue, ticket_workflow_id  # noqa: E402
@@ -64,7 +71,7 @@ RESULTS = ROOT / "bench" / "results" / "lifecycle.json"
 # ---- the fakes: the real activity names, instant results ------------------------------------------------
 
 
-@activity.defn(name="run_attempt")
+@activity.defn(name=RUN_ATTEMPT.name)
 async def fake_attempt(request: AttemptInput) -> AgentResult:
     return AgentResult(
         ticket_id=request.spec.id,
@@ -77,12 +84,12 @@ async def fake_attempt(request: AttemptInput) -> AgentResult:
     )
 
 
-@activity.defn(name="run_build")
+@activity.defn(name=RUN_BUILD.name)
 async def fake_build(request: BuildInput) -> BuildResult:
     return BuildResult(ok=True, returncode=0, log="")
 
 
-@activity.defn(name="run_gate")
+@activity.defn(name=RUN_GATE.name)
 async def fake_gate(request: GateInput) -> GateResult:
     gate = request.gate
     return GateResult(
@@ -97,12 +104,12 @@ async def fake_gate(request: GateInput) -> GateResult:
     )
 
 
-@activity.defn(name="record_audit_event")
+@activity.defn(name=RECORD_AUDIT_EVENT.name)
 async def fake_audit(record: AuditRecord) -> bool:
     return True
 
 
-@activity.defn(name="notify_decision_request")
+@activity.defn(name=NOTIFY_DECISION_REQUEST.name)
 async def fake_notify(request: DecisionRequest) -> NotifyResult:
     return NotifyResult(outcome=NotifyOutcome.NOT_CONFIGURED)
 
