@@ -179,13 +179,9 @@ class TicketWorkflow:
 
     async def _lifecycle(self) -> rules.Closed:
         spec = self.spec
-        if (
-            spec.agent is not None
-            and spec.approval.dispatch_requires_approval
-            and not self.s.dispatch_approved
-        ):
-            question = f"Dispatch ticket {spec.id} ({spec.title}) to {spec.agent.name.value} on {spec.host}?"
-            evidence = [f"spec: {spec.spec[:300]}", f"gates: {[g.describe() for g in spec.gates]}"]
+        dispatch = None if self.s.dispatch_approved else rules.dispatch_question(spec)
+        if dispatch is not None:
+            question, evidence = dispatch
             answer = await self._ask(DecisionKind.DISPATCH, question, DispatchOption, evidence)
             if answer.option is DispatchOption.REJECT:
                 return TicketStatus.CANCELLED, f"dispatch rejected by {answer.by}"

@@ -25,6 +25,14 @@ Closed = tuple[TicketStatus, str]
 """A ticket's outcome: the closed status and its reason."""
 
 
+def dispatch_question(spec: TicketSpec) -> tuple[str, list[str]] | None:
+    """The question and evidence for approving the agent's dispatch; None when no approval is needed."""
+    if spec.agent is None or not spec.approval.dispatch_requires_approval:
+        return None
+    question = f"Dispatch ticket {spec.id} ({spec.title}) to {spec.agent.name.value} on {spec.host}?"
+    return question, [f"spec: {spec.spec[:300]}", f"gates: {[g.describe() for g in spec.gates]}"]
+
+
 def why_stop(spec: TicketSpec, attempts: list[AttemptSummary], budget: Granted) -> str | None:
     """The anti-loop rules: attempts used up, the same failure twice, or the ticket's budget spent."""
     made = len(attempts)
