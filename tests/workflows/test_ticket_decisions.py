@@ -17,6 +17,7 @@ from daedalus.schemas.ticket import (
     CancelRequest,
     Decision,
     DecisionKind,
+    DecisionRequest,
     Delegation,
     SpecAmendment,
     TicketState,
@@ -516,3 +517,28 @@ async def test_duplicate_live_id_is_refused_and_a_closed_id_can_be_filed_again(
     with session_scope(store_engine) as session:
         ticket = queries.get_ticket(session=session, ticket_id=spec.id)
     assert ticket is not None and ticket.run_id == again_run and ticket.status == "passed"
+
+
+async def test_a_server_side_policy_refuses_before_the_update(
+    temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
+) -> None:
+    """The server's rule (here: only wayne dispatches) runs in the service layer; a refusal writes nothing."""
+    host = host_of(task_queue)
+    approval = {**APPROVAL, "delegates": {"dispatch": ["lead"]}}
+    spec = ticket_spec(make_engine_repo(tmp_path / "repo"), host, approval=approval)
+
+    def only_wayne(request: DecisionRequest, decision: Decision) -> str | None:
+        return None if decision.decided_by == "wayne" else "the server lets only wayne dispatch"
+
+    async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
+        handle = await daedalus.file_ticket(temporal_client, spec, queue=task_queue)
+        before, request = await pending(handle)
+        by_lead = Decision(request_id=request.id, option="approve", decided_by="lead")
+        with pytest.raises(
+            TicketError, match=f"ticket {spec.id} refused: the server lets only wayne dispatch"
+        ):
+            await daedalus.decide(temporal_client, by_lead, store=sqlite_engine, policy=only_wayne)
+        assert (await handle.query(TicketWorkflow.state)).audit_seq == before.audit_seq
+        by_wayne = by_lead.model_copy(update={"decided_by": "wayne"})
+        await daedalus.decide(temporal_client, by_wayne, store=sqlite_engine, policy=only_wayne)
+        assert (await handle.result()).status is TicketStatus.PASSED
