@@ -82,8 +82,6 @@ class DecisionDesk:
         self._deciders = deciders
         self._notify_on = notify
         self._answer: Decision | None = None
-        self.shown: DecisionRequest | None = state.pending
-        """The pending request as the store holds it: set once its event is written (queries report this)."""
 
     # ---- what the updates call -----------------------------------------------------------------------
 
@@ -121,7 +119,6 @@ class DecisionDesk:
         pending = self.state.pending
         if pending is not None and pending.kind is delegation.kind:
             pending = pending.model_copy(update={"delegates": list(people)})
-            self.shown = pending if self.shown is not None else None
         self._set(delegates=delegates, pending=pending)
         await self.trail.record(
             AuditKind.DELEGATED,
@@ -200,7 +197,6 @@ class DecisionDesk:
             decision_request=request,
             detail={"request": request.id, "subject": self.subject.model_dump_json()},
         )
-        self.shown = self.state.pending
         await self._notify(request)
         return request
 
@@ -224,7 +220,6 @@ class DecisionDesk:
             return None
         self._answer = None
         self._set(decisions=[*self.state.decisions, answer], pending=None)
-        self.shown = None
         await self.trail.record(
             AuditKind.DECIDED,
             f"{answer.decided_by} chose {answer.option!r} for {request.id} via {answer.channel.value}",
@@ -239,7 +234,6 @@ class DecisionDesk:
         """The subject no longer needs an answer (cancelled, stopped): the store marks it when the subject closes."""
         self._set(pending=None)
         self._answer = None
-        self.shown = None
 
     async def _remind(self) -> None:
         request = self.state.pending
@@ -250,7 +244,6 @@ class DecisionDesk:
             AuditKind.DECISION_REMINDER,
             f"reminder {request.reminders_sent}: {request.id} still waits for a decision",
         )
-        self.shown = self.state.pending
         await self._notify(request)
 
     async def _notify(self, request: DecisionRequest) -> None:

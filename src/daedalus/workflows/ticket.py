@@ -57,7 +57,11 @@ class TicketWorkflow:
         self.s = ticket.carry or TicketCarry(desk=DeskState(delegates=delegates))
         carried = self.s.trail if ticket.carry else None
         self.trail = AuditTrail(
-            self.spec.id, status=lambda: self.s.status.value, snapshot=self._snapshot, carried=carried
+            self.spec.id,
+            status=lambda: self.s.status.value,
+            view=self._view,
+            snapshot=self._snapshot,
+            carried=carried,
         )
         self.desk = DecisionDesk(
             TicketSubject(ticket_id=self.spec.id),
@@ -70,24 +74,17 @@ class TicketWorkflow:
         self.steps = Steps(lambda: self.cancel_request is not None)
         self.work = TicketSteps(self.steps, self.trail)
         self.ui = SearchAttributesMirror()
+        self.trail.begin()
 
     # ---- queries and updates -------------------------------------------------------------------------
 
     @workflow.query(name="status")
     def state(self) -> TicketState:
-        """The ticket as its audit trail in the store shows it: status and seq never run ahead of the writes."""
-        status = TicketStatus(self.trail.written_status)
-        return TicketState(
-            spec=self.spec,
-            status=status,
-            attempts=self.s.attempts,
-            pending_decision=self.desk.shown,
-            decisions=self.desk.state.decisions,
-            children=self.s.children,
-            outcome_reason=self.s.outcome_reason if status.is_closed else "",
-            audit_seq=self.trail.written_seq,
-            continued=self.s.continued,
-        )
+        """The ticket as its audit trail in the store shows it: never ahead of the writes."""
+        return self.trail.written
+
+    def _view(self, seq: int) -> TicketState:
+        return rules.view(self.spec, self.s, self.desk.state, seq)
 
     @workflow.update
     def decide(self, decision: Decision) -> TicketState:

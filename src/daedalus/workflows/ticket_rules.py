@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, assert_never
 
-from daedalus.decisions.schemas import TicketEscalationOption
+from daedalus.decisions.schemas import DeskState, TicketEscalationOption
 from daedalus.schemas.audit import TicketSnapshot
 from daedalus.schemas.gates import GateResult, GateSpec, Verdict
 from daedalus.schemas.ticket import (
@@ -15,6 +15,7 @@ from daedalus.schemas.ticket import (
     Granted,
     TicketCarry,
     TicketSpec,
+    TicketState,
     TicketStatus,
 )
 
@@ -199,4 +200,19 @@ def snapshot(
         awaiting=awaiting,
         outcome_reason=carry.outcome_reason,
         spec=spec.model_dump(mode="json") if with_spec else None,
+    )
+
+
+def view(spec: TicketSpec, carry: TicketCarry, desk: DeskState, seq: int) -> TicketState:
+    """The ticket as the status query shows it, as of audit event `seq`."""
+    return TicketState(
+        spec=spec,
+        status=carry.status,
+        attempts=carry.attempts,
+        pending_decision=desk.pending,
+        decisions=desk.decisions,
+        children=carry.children,
+        outcome_reason=carry.outcome_reason,
+        audit_seq=seq,
+        continued=carry.continued,
     )

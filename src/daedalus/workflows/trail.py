@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Generic, TypeVar
 
 from temporalio import workflow
 
@@ -20,16 +21,19 @@ with workflow.unsafe.imports_passed_through():
     from daedalus.schemas.gates import GateResult
 
 AUDIT_TIMEOUT = timedelta(seconds=30)
+V = TypeVar("V")
 
 
-class AuditTrail:
-    """Writes events for `subject` (a ticket id, or `training-<name>`) and tracks the written prefix."""
+class AuditTrail(Generic[V]):
+    """Writes events for `subject` (a ticket id, or `training-<name>`) and tracks the written prefix: `view`
+    is what the workflow's query shows as of a seq, and `written` is that view as of the last written event."""
 
     def __init__(
         self,
         subject: str,
         *,
         status: Callable[[], str],
+        view: Callable[[int], V],
         snapshot: Callable[[int, AuditKind], TicketSnapshot | None] = lambda seq, kind: None,
         carried: TrailState | None = None,
         writes: Callable[[], bool] = lambda: True,
@@ -43,7 +47,21 @@ class AuditTrail:
         self.seq = carried.seq
         self.written_seq = carried.seq
         self.written_status = carried.status
-        self._out_of_order: dict[int, str] = {}
+        self._view = view
+        self._written_view: V | None = None
+        self._out_of_order: dict[int, tuple[str, V]] = {}
+
+    def begin(self) -> None:
+        """Take the starting view, once the workflow's parts exist: every event before it is written."""
+        self._written_view = self._view(self.seq)
+
+    @property
+    def written(self) -> V:
+        """The view as of the last event the store holds."""
+        assert self._written_view is not None, (
+            "AuditTrail.begin() is called at the end of the workflow's init"
+        )
+        return self._written_view
 
     def carry(self) -> TrailState:
         return TrailState(seq=self.seq, status=self.written_status)
@@ -62,12 +80,13 @@ class AuditTrail:
     ) -> None:
         """Write one event. The seq is taken before the await, so concurrent handlers never share one."""
         if not self._writes():
-            self.written_status = self._status()
+            self.written_status, self._written_view = self._status(), self._view(self.seq)
             return
         self.seq += 1
         seq = self.seq
         info = workflow.info()
         status = self._status()
+        view = self._view(seq)
         record = AuditRecord(
             event=AuditEvent(
                 workflow_id=info.workflow_id,
@@ -88,11 +107,11 @@ class AuditTrail:
             gate_results=gate_results or [],
         )
         await RECORD_AUDIT_EVENT.execute(record, start_to_close_timeout=AUDIT_TIMEOUT)
-        self._written(seq, status)
+        self._written(seq, status, view)
 
-    def _written(self, seq: int, status: str) -> None:
+    def _written(self, seq: int, status: str, view: V) -> None:
         """Advance the written prefix; concurrent handlers may finish their writes out of order."""
-        self._out_of_order[seq] = status
+        self._out_of_order[seq] = (status, view)
         while self.written_seq + 1 in self._out_of_order:
             self.written_seq += 1
-            self.written_status = self._out_of_order.pop(self.written_seq)
+            self.written_status, self._written_view = self._out_of_order.pop(self.written_seq)

@@ -103,6 +103,7 @@ class TrainingRunWorkflow:
         self.trail = AuditTrail(
             self.spec.workflow_id,
             status=lambda: self.c.state.value,
+            view=lambda seq: (self.c.state, self.desk.pending),
             carried=c.trail or TrailState(seq=c.audit_seq, status=c.state.value),
             writes=lambda: workflow.patched(AUDIT_PATCH),
         )
@@ -115,17 +116,20 @@ class TrainingRunWorkflow:
             notify=lambda: workflow.patched(DESK_PATCH),
         )
         self.steps = Steps(lambda: False)
+        self.trail.begin()
 
     # ---- queries, updates, signals --------------------------------------------------------------------
 
     @workflow.query
     def status(self) -> TrainingRunStatus:
-        """The run as its audit trail in the store shows it: the state never runs ahead of the writes."""
+        """The run as its audit trail in the store shows it: its state and pending decision never run ahead
+        of the writes (memory, slope and checkpoint are the watchdog's latest report)."""
+        state, pending = self.trail.written
         report = self.c.last_report
         return TrainingRunStatus(
             name=self.spec.name,
             host=self.spec.host,
-            state=RunState(self.trail.written_status),
+            state=state,
             incarnation=self.c.incarnation,
             memory_now=report.memory_now if report else None,
             slope_gib_per_h=report.slope_gib_per_h if report else None,
@@ -135,7 +139,7 @@ class TrainingRunWorkflow:
             deaths=self.c.deaths,
             death_counter=self.c.death_counter,
             hunting_tickets=self.c.hunting_tickets,
-            pending_decision=self.desk.shown,
+            pending_decision=pending,
             host_report=self.c.host_report,
             continued=self.c.continued,
             audit_seq=self.trail.written_seq,
