@@ -93,3 +93,11 @@ def test_subjects_are_typed_and_name_their_workflow() -> None:
 def test_a_channel_outside_the_known_ones_is_refused_at_the_boundary() -> None:
     with pytest.raises(ValidationError, match="channel"):
         answer(channel="carrier-pigeon")
+
+
+def test_a_workflow_not_yet_on_the_desk_gets_the_same_check_with_its_own_label() -> None:
+    plain = request().model_copy(update={"subject": None})
+    assert plain.refusal(answer(decided_by="mallory"), "campaign c1") == (
+        "mallory may not decide dispatch for campaign c1; allowed: ['wayne', 'lead']"
+    )
+    assert plain.refusal(answer(), "campaign c1") is None
