@@ -151,3 +151,22 @@ def test_a_measurement_with_too_many_samples_is_refused_before_it_is_validated()
     ):
         parse_measurement(line)
     assert parse_measurement(json.dumps({"samples": [1.0] * MAX_GATE_SAMPLES})).samples
+
+
+@pytest.mark.parametrize(
+    "watchdog",
+    [
+        {"checkpoint_grace_s": ".inf"},
+        {"term_grace_s": 1e20},
+        {"min_available_gib": ".nan"},
+        {"report_interval_s": "Infinity"},
+        {"slope_window_s": 1e20, "min_fit_span_s": 1e19},
+    ],
+)
+def test_a_training_run_with_an_endless_or_nan_duration_is_refused(watchdog: dict[str, Any]) -> None:
+    from daedalus.schemas.training import TrainingRunSpec
+
+    values = {k: float(v.replace(".", "")) if isinstance(v, str) else v for k, v in watchdog.items()}
+    run = {"name": "r", "host": "local", "command": ["true"], "checkpoints": {"directory": "/tmp/c"}}
+    with pytest.raises(ValidationError, match="watchdog"):
+        TrainingRunSpec.model_validate({**run, "watchdog": values})

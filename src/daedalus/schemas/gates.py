@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from daedalus.schemas._base import Model
+from daedalus.schemas._base import Model, SpecModel
 from daedalus.schemas.limits import GATE_NAME_PATTERN, Command, DurationS, Finite
 
 
@@ -56,7 +56,7 @@ class GateKind(StrEnum):
     """Paired candidate/baseline ratios, interleaved on one host, against a threshold on the ratio."""
 
 
-class GateSpec(Model):
+class GateSpec(SpecModel):
     """One acceptance gate of a ticket.
 
     A gate runs `command` in the attempt's worktree on the ticket's host; the command prints one JSON object
@@ -90,7 +90,7 @@ class GateSpec(Model):
         return f"{subject} {self.comparator} {self.threshold:g}"
 
 
-class GateMeasurement(Model):
+class GateMeasurement(SpecModel):
     """What a gate command prints on stdout, as one JSON object.
 
     Validity fields turn a broken measurement into INVALID instead of a wrong PASS or FAIL.

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
-from daedalus.schemas._base import Model
+from daedalus.schemas._base import Model, SpecModel
 from daedalus.schemas.gates import GateResult, GateSpec
 from daedalus.schemas.limits import (
     CHILDREN,
@@ -52,7 +52,7 @@ class EngineKind(StrEnum):
     """A plain git repository (a trainer, a tool) that is not an inference engine."""
 
 
-class EngineRef(Model):
+class EngineRef(SpecModel):
     """The engine a ticket changes: which fork, where its source lives, and the commit work starts from."""
 
     name: Line = Field(min_length=1)
@@ -72,7 +72,7 @@ class AgentName(StrEnum):
     ANTHROPIC = "anthropic"
 
 
-class AgentSpec(Model):
+class AgentSpec(SpecModel):
     """Who does the work. The scripted agent applies `patch` and runs `commands`: for demos and tests only."""
 
     name: AgentName
@@ -88,12 +88,12 @@ class AgentSpec(Model):
         return self
 
 
-class BuildSpec(Model):
+class BuildSpec(SpecModel):
     command: Command
     timeout_s: DurationS = 1800
 
 
-class ApprovalPolicy(Model):
+class ApprovalPolicy(SpecModel):
     """Who decides what. `delegates` lets a decider hand one kind of decision to someone else."""
 
     dispatch_requires_approval: bool = True
@@ -128,7 +128,7 @@ class DecisionKind(StrEnum):
     ESCALATION = "escalation"
 
 
-class TicketSpec(Model):
+class TicketSpec(SpecModel):
     """A ticket as filed: a YAML file, a JSON body, or a Python object."""
 
     id: str = Field(pattern=TICKET_ID_PATTERN)
@@ -269,7 +269,7 @@ class DecisionRequest(Model):
         return None
 
 
-class Decision(Model):
+class Decision(SpecModel):
     """An answer to a DecisionRequest, from any channel (CLI, HTTP, Slack, bot)."""
 
     request_id: str = Field(min_length=1, max_length=200)
@@ -279,7 +279,7 @@ class Decision(Model):
     note: Note = ""
 
 
-class SpecAmendment(Model):
+class SpecAmendment(SpecModel):
     """A change to a live ticket's spec; applies from the next attempt on."""
 
     amended_by: str = Field(pattern=PERSON_PATTERN)
@@ -289,7 +289,7 @@ class SpecAmendment(Model):
     note: Note = ""
 
 
-class Delegation(Model):
+class Delegation(SpecModel):
     """A decider lets `delegate` decide one kind of decision ("the lead may dispatch on my behalf")."""
 
     granted_by: str = Field(pattern=PERSON_PATTERN)
@@ -298,7 +298,7 @@ class Delegation(Model):
     channel: str = Field(default="cli", pattern=r"^(cli|api|slack|bot|policy)$")
 
 
-class CancelRequest(Model):
+class CancelRequest(SpecModel):
     requested_by: str = Field(pattern=PERSON_PATTERN)
     reason: Note = Field(min_length=1)
 
