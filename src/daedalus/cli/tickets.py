@@ -27,7 +27,7 @@ from daedalus.schemas.ticket import (
     SpecAmendment,
     TicketState,
 )
-from daedalus.store import queries
+from daedalus.store import chain, queries
 from daedalus.store.database import session_scope
 from daedalus.store.tables import AuditEventRow
 
@@ -216,13 +216,23 @@ def delegate(
     console.print(shown(f"ticket {ticket_id}: {kind.value} decisions may now also be made by {people}"))
 
 
+audit_app = typer.Typer(
+    help="The audit trail from the store (`daedalus audit verify` checks it was not tampered with).",
+    invoke_without_command=True,
+)
+
+
+@audit_app.callback()
 def audit(
+    context: typer.Context,
     ticket: Annotated[str | None, typer.Option(help="only this ticket (or training-<name>)")] = None,
     actor: Annotated[str | None, typer.Option(help="only events by this person or agent")] = None,
     since: Annotated[str | None, typer.Option(help="ISO time, or a duration like 2h / 3d")] = None,
     limit: int = 1000,
 ) -> None:
     """The audit trail from the store: one line per transition, oldest first."""
+    if context.invoked_subcommand is not None:
+        return
     since_at = parse_since(since) if since else None
     with session_scope(store()) as session:
         events = queries.audit_events(
@@ -303,3 +313,19 @@ def draft(
         console.print(
             f"draft by {drafted.lead} written to {out}; review it, then: daedalus ticket create -f {out}"
         )
+
+
+@audit_app.command("verify")
+def verify_audit(
+    ticket: Annotated[list[str] | None, typer.Option(help="only these tickets' trails (repeatable)")] = None,
+) -> None:
+    """Recompute every trail's hash chain; name the first event changed, deleted or reordered (exit 1)."""
+    with session_scope(store()) as session:
+        checked, breaks = chain.verify(session, ticket)
+    if not breaks:
+        console.print(f"audit trail verified: {checked} events, every chain intact")
+        return
+    for found in breaks:
+        console.print(f"[red]{found.kind.value}[/red] {shown(found.ticket_id)}: {shown(found.message)}")
+    console.print(f"{len(breaks)} trail(s) of {checked} events do not verify")
+    raise typer.Exit(1)
