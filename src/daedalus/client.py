@@ -24,7 +24,7 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from daedalus.schemas import search_attributes
-from daedalus.schemas.limits import RESERVED_TICKET_PREFIXES
+from daedalus.schemas.limits import RESERVED_TICKET_PREFIXES, SPEC_BYTES
 from daedalus.schemas.ticket import (
     CancelRequest,
     Decision,
@@ -115,14 +115,37 @@ def require_workable(spec: TicketSpec, source: str = "spec") -> None:
 def load_spec(path: Path) -> TicketSpec:
     """Read a YAML or JSON ticket spec; every problem is reported with its field path."""
     try:
-        text = path.read_text()
+        with path.open("rb") as file:
+            raw = file.read(SPEC_FILE_BYTES + 1)
     except OSError as error:
         raise TicketError(f"cannot read {path}: {error.strerror}") from error
+    if len(raw) > SPEC_FILE_BYTES:
+        raise TicketError(
+            f"{path} is larger than {SPEC_FILE_BYTES // 1024} KiB; a ticket spec is at most "
+            f"{SPEC_BYTES // 1024} KiB: put long briefs, patches and data in the repository and reference them"
+        )
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(raw.decode(errors="replace"), Loader=_SpecLoader)
     except yaml.YAMLError as error:
         raise TicketError(f"{path} is not valid YAML: {error}") from error
     return parse_spec(data, str(path))
+
+
+SPEC_FILE_BYTES = 2 * SPEC_BYTES
+"""A spec file may hold comments and indentation besides the spec itself."""
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """YAML without aliases: ten nested aliases expand a few hundred bytes into a billion list items."""
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.YAMLError(
+                f"aliases (*{getattr(event, 'anchor', '')}) are not allowed in a ticket spec "
+                f"(line {event.start_mark.line + 1}); write the value out"
+            )
+        return super().compose_node(parent, index)
 
 
 async def file_ticket(

@@ -170,3 +170,24 @@ def test_a_training_run_with_an_endless_or_nan_duration_is_refused(watchdog: dic
     run = {"name": "r", "host": "local", "command": ["true"], "checkpoints": {"directory": "/tmp/c"}}
     with pytest.raises(ValidationError, match="watchdog"):
         TrainingRunSpec.model_validate({**run, "watchdog": values})
+
+
+def test_a_yaml_bomb_is_refused_before_it_expands(tmp_path: Path) -> None:
+    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    lines += [f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}]" for i in range(1, 12)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines) + "\nid: b\ntitle: *a11\nhost: local\n")
+    with pytest.raises(TicketError, match=r"aliases \(\*a0\) are not allowed in a ticket spec \(line 2\)"):
+        load_spec(path)
+
+
+def test_an_oversized_spec_file_is_refused_without_reading_it_all(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    path.write_text("id: b\ntitle: t\nhost: local\n# " + "x" * (2 * 1024 * 1024) + "\n")
+    with pytest.raises(TicketError, match="larger than 768 KiB"):
+        load_spec(path)
+
+
+def test_a_host_name_is_bounded() -> None:
+    with pytest.raises(TicketError, match="host: String should match pattern"):
+        parse_spec({**gate_ticket(), "host": "h" * 200})

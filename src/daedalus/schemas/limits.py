@@ -42,6 +42,8 @@ GATE_OUTPUT_BYTES = 1024 * 1024
 SLUG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 """Ids and names that become part of a workflow id or a file name: no `/`, no `..` prefix, no spaces."""
 GATE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$"
+HOST_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
+"""A host names a task queue (`host-<name>`) and a directory on the worker."""
 
 RESERVED_TICKET_PREFIXES = ("training-", "hunt-")
 """`training-<name>` is a training run's workflow and decision subject; `hunt-<run>-<n>` is the hunting ticket a

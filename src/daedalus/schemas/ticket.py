@@ -13,6 +13,7 @@ from daedalus.schemas.gates import GateResult, GateSpec
 from daedalus.schemas.limits import (
     CHILDREN,
     GATES,
+    HOST_PATTERN,
     LIST_ITEMS,
     PATCH_CHARS,
     SLUG_PATTERN,
@@ -136,7 +137,7 @@ class TicketSpec(SpecModel):
     parent: str | None = Field(default=None, pattern=TICKET_ID_PATTERN)
     kind: TicketKind = TicketKind.FIX
     engine: EngineRef | None = None
-    host: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+    host: str = Field(min_length=1, pattern=HOST_PATTERN)
     agent: AgentSpec | None = None
     spec: Brief = Field(default="", description="the brief the agent works from")
     build: BuildSpec | None = None

@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 
 from daedalus.schemas._base import Model, SpecModel
-from daedalus.schemas.limits import DURATION_MAX_S, LIST_ITEMS, Line
+from daedalus.schemas.limits import DURATION_MAX_S, HOST_PATTERN, LIST_ITEMS, Line
 from daedalus.schemas.ticket import AgentName, ApprovalPolicy, Decision, DecisionRequest, EngineRef
 
 RUN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$"
@@ -144,7 +144,7 @@ class TrainingRunSpec(SpecModel):
     """A training run as filed (`daedalus train start -f run.yaml`)."""
 
     name: str = Field(pattern=RUN_NAME_PATTERN)
-    host: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+    host: str = Field(min_length=1, pattern=HOST_PATTERN)
     command: list[Line] = Field(min_length=1, max_length=LIST_ITEMS)
     cwd: Path = Path(".")
     env: dict[str, Line] = Field(default_factory=dict, max_length=LIST_ITEMS)
