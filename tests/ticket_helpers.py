@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
-from daedalus.schemas.ticket import DecisionRequest, TicketState
+from daedalus.schemas.ticket import DecisionRequest, TicketState, TicketStatus
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 from daedalus.store.tables import AuditEventRow
@@ -42,8 +42,11 @@ def kinds(rows: Sequence[AuditEventRow]) -> list[str]:
 async def pending(
     handle: WorkflowHandle[Any, TicketState], timeout: float = 60
 ) -> tuple[TicketState, DecisionRequest]:
-    """Wait until the ticket asks for a decision; return its state and the request."""
-    state = await wait_for(handle, lambda s: s.pending_decision is not None, timeout=timeout)
+    """Wait until the ticket has asked for a decision (the request recorded, so the status shows it)."""
+    asking = (TicketStatus.AWAITING_APPROVAL, TicketStatus.AWAITING_DECISION)
+    state = await wait_for(
+        handle, lambda s: s.pending_decision is not None and s.status in asking, timeout=timeout
+    )
     assert state.pending_decision is not None
     return state, state.pending_decision
 

@@ -78,6 +78,7 @@ def payload_of(spec: TicketSpec) -> Payload:
 @settings(
     max_examples=300,
     deadline=None,
+    database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.large_base_example],
 )
 @given(specs())
@@ -101,6 +102,7 @@ def test_every_spec_is_either_accepted_and_travels_or_refused_with_a_reason(data
 @settings(
     max_examples=200,
     deadline=None,
+    database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.large_base_example],
 )
 @given(specs())
