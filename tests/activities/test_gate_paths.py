@@ -53,3 +53,18 @@ async def test_a_traversing_gate_name_neither_deletes_nor_writes_outside_the_art
     assert "would leave" in result.reason
     assert victim.read_text() == "precious"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["artifacts", "escape"]
+
+
+async def test_a_gate_that_prints_too_many_samples_is_invalid_with_the_cap(tmp_path: Path) -> None:
+    gate = GateSpec(
+        name="many",
+        metric=Metric.DECODE_TPS,
+        threshold=1.0,
+        command="python3 -c \"import json; print(json.dumps({'samples': [1.0] * 10000}))\"",
+        timeout_s=60,
+    )
+    request = GateInput(ticket_id="t2", attempt=1, gate=gate, host="local")
+    activities = GateActivities(Workspace(root=tmp_path / "work", artifacts=tmp_path / "artifacts"))
+    result = await ActivityEnvironment().run(activities.run_gate, request)
+    assert result.verdict is Verdict.INVALID
+    assert "10000 samples, more than the 1000 a verdict may carry" in result.reason
