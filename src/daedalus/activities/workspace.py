@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from daedalus.agents import worktree as wt
+from daedalus.paths import contained
 
 FILING_MARKER = "filing"
 
@@ -14,7 +15,7 @@ class Workspace:
     artifacts: Path
 
     def worktree(self, ticket_id: str, attempt: int) -> Path:
-        return self.root / "worktrees" / ticket_id / f"attempt-{attempt}"
+        return contained(self.root, "worktrees", ticket_id, f"attempt-{attempt}")
 
     def claim(self, ticket_id: str, attempt: int, filing: str, repo: Path) -> None:
         """Make attempt `attempt` of ticket `ticket_id` belong to this filing of the id.
@@ -39,6 +40,6 @@ class Workspace:
         marker.write_text(filing)
 
     def attempt_artifacts(self, ticket_id: str, attempt: int) -> Path:
-        path = self.artifacts / "tickets" / ticket_id / f"attempt-{attempt}"
+        path = contained(self.artifacts, "tickets", ticket_id, f"attempt-{attempt}")
         path.mkdir(parents=True, exist_ok=True)
         return path

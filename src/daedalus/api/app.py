@@ -10,6 +10,7 @@ from temporalio.client import Client
 from daedalus.api import audit, decisions, slack_interactions, tickets
 from daedalus.api.context import ApiContext, ClientFactory
 from daedalus.api.errors import validation_handler
+from daedalus.api.limits import MAX_BODY_BYTES, BodyLimit
 from daedalus.api.settings import ApiSettings
 from daedalus.slack.settings import SlackSettings
 
@@ -22,6 +23,7 @@ def create_app(
     client_factory: ClientFactory | None = None,
     settings: ApiSettings | None = None,
     slack: SlackSettings | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     """The API over one Temporal client (given, or connected on first use by `client_factory`) and one store."""
     if (client is None) == (client_factory is None):
@@ -46,6 +48,7 @@ def create_app(
         slack=slack if slack is not None else SlackSettings(),
         client_factory=client_factory,
     )
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_exception_handler(RequestValidationError, validation_handler)
     for router in (tickets.router, decisions.router, audit.router, slack_interactions.router):
         app.include_router(router)
