@@ -1,0 +1,205 @@
+"""Acquire, hold and release GPU leases from anywhere (an activity, a workflow's client, the CLI, a bench).
+
+    async with holding(client, "mavis", LeaseRequest(lease_id=..., holder="ticket 4 gate decode", gpus=[0, 1])) as lease:
+        ...  # the GPUs are ours; heartbeats run in the background
+
+A lease that is revoked (a tenant's preemption) or expires while held cancels the body, which then raises
+`LeaseLost` with the keeper's reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from daedalus.hosts.leases import (
+    HostConfig,
+    KeeperInput,
+    KeeperState,
+    LeaseOutcome,
+    LeaseRequest,
+    LeaseStatus,
+    Release,
+    TenantDemand,
+    keeper_id,
+)
+from daedalus.hosts.registry import Registry
+from daedalus.workflows.lease_keeper import LeaseKeeperWorkflow
+
+
+class LeaseError(Exception):
+    """A lease was refused, lost, or its keeper cannot be reached; the message says why and what to do."""
+
+
+class LeaseRefused(LeaseError):
+    pass
+
+
+class LeaseLost(LeaseError):
+    pass
+
+
+async def ensure_keeper(
+    client: Client, registry: Registry, host: str, *, control_queue: str, **options: Any
+) -> WorkflowHandle[Any, Any]:
+    """Start the host's keeper if it is not running, and give it the registry's current entry."""
+    spec = registry.host(host)
+    handle = await client.start_workflow(
+        LeaseKeeperWorkflow.run,
+        KeeperInput(host=spec, pool_constraints=registry.constraints, **options),
+        id=keeper_id(host),
+        task_queue=control_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+    )
+    await _update(
+        client,
+        host,
+        LeaseKeeperWorkflow.configure,
+        HostConfig(host=spec, pool_constraints=registry.constraints),
+    )
+    return handle
+
+
+async def ensure_keepers(client: Client, registry: Registry, *, control_queue: str) -> None:
+    for host in registry.names:
+        await ensure_keeper(client, registry, host, control_queue=control_queue)
+
+
+BUSY_RETRY_S = 60.0
+"""How long to keep retrying while the keeper has too many updates in flight (Temporal's per-workflow limit)."""
+
+
+async def _update(client: Client, host: str, update: Any, argument: Any) -> Any:
+    handle = client.get_workflow_handle(keeper_id(host))
+    deadline = time.monotonic() + BUSY_RETRY_S
+    delay = 0.02
+    try:
+        while True:
+            try:
+                return await handle.execute_update(update, argument)
+            except RPCError as error:
+                if error.status is not RPCStatusCode.RESOURCE_EXHAUSTED or time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 0.5)
+    except WorkflowUpdateFailedError as error:
+        cause = error.cause
+        message = cause.message if isinstance(cause, ApplicationError) else str(cause or error)
+        raise LeaseRefused(message) from error
+    except RPCError as error:
+        if error.status is RPCStatusCode.NOT_FOUND:
+            raise LeaseError(
+                f"no lease keeper runs for host {host} (workflow {keeper_id(host)}); the control worker starts "
+                f"one per host in hosts.yaml (`daedalus up` or `daedalus worker --control`)"
+            ) from error
+        raise LeaseError(f"lease keeper of host {host}: {error.message}") from error
+
+
+async def acquire(client: Client, host: str, request: LeaseRequest) -> LeaseOutcome:
+    """Wait until the lease is granted; raises LeaseRefused with the keeper's reason when it is not."""
+    while True:
+        outcome: LeaseOutcome = await _update(client, host, LeaseKeeperWorkflow.acquire, request)
+        if outcome.status is LeaseStatus.GRANTED:
+            return outcome
+        if outcome.status in (LeaseStatus.REFUSED, LeaseStatus.UNKNOWN, LeaseStatus.REVOKED):
+            raise LeaseRefused(f"lease {request.lease_id} on host {host} not granted: {outcome.reason}")
+        # WAITING: the call is bounded (or answered at once when the keeper has enough callers parked);
+        # asking again with the same id keeps the place in the queue. The next in line asks most often.
+        await asyncio.sleep(min(1.0, 0.05 + 0.05 * (outcome.position or 0)))
+
+
+async def heartbeat(client: Client, host: str, lease_id: str) -> LeaseOutcome:
+    outcome: LeaseOutcome = await _update(client, host, LeaseKeeperWorkflow.heartbeat, lease_id)
+    return outcome
+
+
+async def release(client: Client, host: str, lease_id: str, reason: str = "released") -> None:
+    await _update(client, host, LeaseKeeperWorkflow.release, Release(lease_id=lease_id, reason=reason))
+
+
+async def tenant_demand(client: Client, host: str, tenant: str, *, busy: bool) -> list[str]:
+    """The tenant's own work arrived (busy) or ended: returns the lease ids revoked for it."""
+    revoked: list[str] = await _update(
+        client, host, LeaseKeeperWorkflow.tenant_demand, TenantDemand(tenant=tenant, busy=busy)
+    )
+    return revoked
+
+
+async def keeper_state(client: Client, host: str) -> KeeperState:
+    state: KeeperState = await client.get_workflow_handle(keeper_id(host)).query(LeaseKeeperWorkflow.state)
+    return state
+
+
+async def ticket_passed(client: Client, registry: Registry, ticket_id: str) -> None:
+    """Lift at once every standing constraint bound to `ticket_id` (the keepers also poll the store)."""
+    for host in registry.names:
+        with contextlib.suppress(RPCError):
+            await client.get_workflow_handle(keeper_id(host)).signal(
+                LeaseKeeperWorkflow.ticket_passed, ticket_id
+            )
+
+
+@dataclass
+class HeldLease:
+    host: str
+    outcome: LeaseOutcome
+    lost: str | None = None
+    heartbeats: int = 0
+    _owner: asyncio.Task[Any] | None = field(default=None, repr=False)
+
+    @property
+    def gpus(self) -> list[int]:
+        return self.outcome.gpus
+
+
+@contextlib.asynccontextmanager
+async def holding(
+    client: Client, host: str, request: LeaseRequest, *, heartbeat_s: float | None = None
+) -> AsyncIterator[HeldLease]:
+    """Hold the lease for the body; heartbeats every ttl/3; released on exit, whatever happens."""
+    outcome = await acquire(client, host, request)
+    held = HeldLease(host=host, outcome=outcome, _owner=asyncio.current_task())
+    interval = heartbeat_s or request.ttl_s / 3
+
+    async def beat() -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                answer = await heartbeat(client, host, request.lease_id)
+            except LeaseError as error:
+                answer = LeaseOutcome(
+                    lease_id=request.lease_id, status=LeaseStatus.UNKNOWN, host=host, reason=str(error)
+                )
+            held.heartbeats += 1
+            if answer.status is not LeaseStatus.GRANTED:
+                held.lost = (
+                    f"lease {request.lease_id} on host {host} lost ({answer.status.value}): {answer.reason}"
+                )
+                if held._owner is not None:
+                    held._owner.cancel()
+                return
+
+    beater = asyncio.create_task(beat())
+    try:
+        yield held
+    except asyncio.CancelledError:
+        if held.lost is not None:
+            raise LeaseLost(held.lost) from None
+        raise
+    finally:
+        beater.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beater
+        with contextlib.suppress(LeaseError, RPCError):
+            await asyncio.shield(release(client, host, request.lease_id))
