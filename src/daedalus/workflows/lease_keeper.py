@@ -362,10 +362,11 @@ class LeaseKeeperWorkflow:
                     self._refuse(waiting, now, reason)
             # It may be half-stopped: put it back as it was.
             tenant.mode = TenantMode.RESUMING
-            await self._resume(tenant)
+            await self._resume(tenant, after_pause=False)
         self._changed = True
 
-    async def _resume(self, tenant: TenantState) -> None:
+    async def _resume(self, tenant: TenantState, *, after_pause: bool = True) -> None:
+        """Start the tenant again; `after_pause=False` restores one whose pause failed (not counted)."""
         spec = tenant.spec
         try:
             check = await workflow.execute_activity(
@@ -380,7 +381,7 @@ class LeaseKeeperWorkflow:
             check = TenantCheck(tenant=spec.name, ok=False, detail=f"resume failed: {error.cause or error}")
         now = workflow.now()
         tenant.mode, tenant.since, tenant.last_check = TenantMode.RUNNING, now, check.detail
-        if check.ok:
+        if check.ok and after_pause:
             tenant.resumes += 1
             self._state.counters.tenant_resumes += 1
         self._event(
