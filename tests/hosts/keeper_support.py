@@ -64,7 +64,6 @@ async def running_keeper(
         activities=activities,
         workflow_failure_exception_types=[Exception],
         max_concurrent_activities=4,
-        activity_executor=_executor(),
     )
     tenant = TenantActivities(gpu_state)
     workers = [control]
@@ -79,12 +78,6 @@ async def running_keeper(
         )
         handle = client.get_workflow_handle(f"lease-keeper-{name}")
         await handle.terminate("test over")
-
-
-def _executor() -> Any:
-    from concurrent.futures import ThreadPoolExecutor
-
-    return ThreadPoolExecutor(max_workers=4)
 
 
 @asynccontextmanager

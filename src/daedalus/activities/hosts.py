@@ -115,7 +115,10 @@ class KeeperStoreActivities:
         self.engine = engine
 
     @activity.defn(name="passed_tickets")
-    def passed_tickets(self, ticket_ids: list[str]) -> list[str]:
+    async def passed_tickets(self, ticket_ids: list[str]) -> list[str]:
+        return await asyncio.to_thread(self._passed, ticket_ids)
+
+    def _passed(self, ticket_ids: list[str]) -> list[str]:
         with Session(self.engine) as session:
             rows = session.exec(
                 select(TicketRow.ticket_id).where(

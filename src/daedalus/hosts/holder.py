@@ -62,6 +62,13 @@ async def ensure_keeper(
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
     )
+    running_on = (await handle.describe()).task_queue
+    if running_on != control_queue:
+        # Another deployment's keeper (or one left by a control queue that is gone): never hang on it.
+        raise LeaseError(
+            f"the lease keeper of host {host} ({keeper_id(host)}) runs on task queue {running_on}, not "
+            f"{control_queue}; terminate it (`temporal workflow terminate -w {keeper_id(host)}`) or use that queue"
+        )
     await _update(
         client,
         host,

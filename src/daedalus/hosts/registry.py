@@ -10,6 +10,7 @@ import operator
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -71,7 +72,7 @@ class ConstraintOp(StrEnum):
     NE = "!="
 
 
-_OPS: dict[ConstraintOp, Callable[[object, object], bool]] = {
+_OPS: dict[ConstraintOp, Callable[[Any, Any], Any]] = {
     ConstraintOp.LE: operator.le,
     ConstraintOp.LT: operator.lt,
     ConstraintOp.GE: operator.ge,
