@@ -15,17 +15,18 @@ from daedalus.activities.audit import AuditActivities
 from daedalus.activities.builds import BuildActivities
 from daedalus.activities.engines import build_engine, run_benchmark, run_quality_probe
 from daedalus.activities.gates import GateActivities
-from daedalus.activities.hosts import KeeperStoreActivities, TenantActivities
+from daedalus.activities.hosts import KeeperStoreActivities, LeasedCommandActivities, TenantActivities
 from daedalus.activities.notify import NotifyActivities
 from daedalus.activities.training import TrainingActivities
 from daedalus.activities.workspace import Workspace
 from daedalus.schemas.ticket import host_queue
 from daedalus.slack.settings import SlackSettings
 from daedalus.workflows.lease_keeper import LeaseKeeperWorkflow
+from daedalus.workflows.leased_step import LeasedStepWorkflow
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
 
-WORKFLOWS: Sequence[type] = (TicketWorkflow, TrainingRunWorkflow, LeaseKeeperWorkflow)
+WORKFLOWS: Sequence[type] = (TicketWorkflow, TrainingRunWorkflow, LeaseKeeperWorkflow, LeasedStepWorkflow)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ def host_worker(client: Client, config: WorkerConfig, host: str) -> Worker:
     )
     training = TrainingActivities(config.artifacts, state_dir=config.workspace_root / host / "training")
     tenants = TenantActivities(gpu_state_dir(config.workspace_root, host))
+    leased = LeasedCommandActivities(config.artifacts)
     return Worker(
         client,
         task_queue=host_queue(host),
@@ -87,6 +89,7 @@ def host_worker(client: Client, config: WorkerConfig, host: str) -> Worker:
             training.training_host_report,
             tenants.pause_tenant,
             tenants.resume_tenant,
+            leased.run_leased,
         ],
         max_concurrent_activities=config.max_concurrent_activities,
     )

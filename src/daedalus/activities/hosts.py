@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import structlog
@@ -13,9 +14,10 @@ from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 from temporalio import activity
 
+from daedalus.hosts import holder
 from daedalus.hosts.gpus import GPU_STATE_ENV, GpuMemory, NvmlGpuMemory, SimulatedGpuMemory
-from daedalus.hosts.leases import TenantCheck, TenantCommand
-from daedalus.processes import kill_group
+from daedalus.hosts.leases import LeasedCommand, LeasedRun, TenantCheck, TenantCommand
+from daedalus.processes import kill_group, log_tail, run_logged
 from daedalus.schemas.ticket import TicketStatus
 from daedalus.store.tables import TicketRow
 
@@ -126,3 +128,68 @@ class KeeperStoreActivities:
                 )
             ).all()
         return sorted(rows)
+
+
+class LeasedCommandActivities:
+    """Run a command on this host under a GPU lease held for exactly as long as the command runs."""
+
+    def __init__(self, artifacts: Path) -> None:
+        self.artifacts = artifacts
+
+    @activity.defn(name="run_leased")
+    async def run_leased(self, step: LeasedCommand) -> LeasedRun:
+        client = activity.client()
+        request = step.request
+        folder = self.artifacts / "leases" / step.host
+        folder.mkdir(parents=True, exist_ok=True)
+        log_path = folder / f"{request.lease_id}.log"
+        started = datetime.now(UTC)
+        waiting = asyncio.create_task(_heartbeat_while_waiting())
+        try:
+            async with holder.holding(client, step.host, request) as lease:
+                waiting.cancel()
+                seen = datetime.now(UTC)
+                gpus = ",".join(map(str, lease.gpus))
+                env = {
+                    **step.env,
+                    "CUDA_VISIBLE_DEVICES": gpus,
+                    "DAEDALUS_LEASE_ID": request.lease_id,
+                    "DAEDALUS_LEASE_GPUS": gpus,
+                }
+                finished = await run_logged(
+                    step.command,
+                    cwd=folder,
+                    log_path=log_path,
+                    timeout_s=step.timeout_s,
+                    env=env,
+                    heartbeat=activity.heartbeat,
+                    heartbeat_every_s=min(2.0, step.heartbeat_s / 3),
+                    # A worker killed mid-step leaves its command running: the retry kills that ghost first.
+                    pidfile=folder / f"{request.lease_id}.pid",
+                )
+        except holder.LeaseRefused as error:
+            return LeasedRun(acquire_started=started, refused=str(error))
+        except holder.LeaseLost as error:
+            return LeasedRun(
+                acquire_started=started,
+                lost=str(error),
+                released_at=datetime.now(UTC),
+                log_tail=log_tail(log_path, 600),
+            )
+        finally:
+            waiting.cancel()
+        return LeasedRun(
+            lease=lease.outcome,
+            returncode=finished.returncode,
+            timed_out=finished.timed_out,
+            acquire_started=started,
+            granted_seen=seen,
+            released_at=datetime.now(UTC),
+            log_tail=finished.tail(600),
+        )
+
+
+async def _heartbeat_while_waiting() -> None:
+    while True:
+        activity.heartbeat("waiting for the lease")
+        await asyncio.sleep(1.0)

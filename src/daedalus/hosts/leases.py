@@ -326,3 +326,32 @@ def plan(state: KeeperState, now: datetime) -> Plan:
         if not gpus & busy and not waited_for:
             result.resume.append(tenant.spec.name)
     return result
+
+
+class LeasedCommand(Model):
+    """One command run on a host under a GPU lease (a gate, a benchmark, an engine launch, a training segment).
+
+    The command sees its GPUs as CUDA_VISIBLE_DEVICES (and DAEDALUS_LEASE_ID / DAEDALUS_LEASE_GPUS)."""
+
+    host: str
+    task_queue: str
+    request: LeaseRequest
+    command: str = Field(min_length=1)
+    timeout_s: float = Field(default=3600.0, gt=0)
+    wait_s: float = Field(default=3600.0, gt=0, description="how long the step may wait for its lease")
+    heartbeat_s: float = Field(default=10.0, gt=0, description="activity heartbeat timeout")
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class LeasedRun(Model):
+    """What a leased command did, and the lease it ran under (a verdict records it)."""
+
+    lease: LeaseOutcome | None = None
+    returncode: int | None = None
+    timed_out: bool = False
+    lost: str | None = Field(default=None, description="why the lease was lost mid-run (revoked, expired)")
+    refused: str | None = Field(default=None, description="why the lease was not granted")
+    acquire_started: datetime
+    granted_seen: datetime | None = None
+    released_at: datetime | None = None
+    log_tail: str = ""
