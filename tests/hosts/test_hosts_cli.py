@@ -22,7 +22,7 @@ from daedalus.devserver import DevServer
 from daedalus.hosts import holder
 from daedalus.hosts.leases import LeaseRequest
 from daedalus.hosts.registry import load_registry
-from daedalus.hosts.status import Poller, queued_explanation
+from daedalus.hosts.status import Poller, queued_explanation, unserved
 
 DAEDALUS = str(Path(sys.executable).parent / "daedalus")
 
@@ -117,6 +117,13 @@ async def test_hosts_shows_workers_leases_tenants_and_constraints(
     as_json = json.loads(daedalus(pool, "hosts", "--json", "--host", served).stdout)
     assert [lease["lease_id"] for lease in as_json[0]["keeper"]["held"]] == ["gate-1"]
     assert as_json[0]["queue"]["pollers"]
+    registry = load_registry(Path(pool["DAEDALUS_HOSTS_FILE"]))
+    since = datetime.now(UTC) - timedelta(minutes=1)
+    assert await unserved(temporal_client, registry.host(served), since) is None
+    line = await unserved(temporal_client, registry.host(idle), since)
+    assert line == (
+        f"queued for host-{idle} since {since:%H:%M} UTC; no worker polls it; run `daedalus worker --host {idle}` there"
+    )
     unknown = daedalus(pool, "hosts", "--host", "nope")
     assert unknown.returncode == 2 and "unknown host 'nope'" in unknown.stderr
     await holder.release(temporal_client, served, "gate-1")

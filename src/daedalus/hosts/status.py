@@ -121,3 +121,11 @@ def queued_explanation(
     else:
         seen = "no worker polls it"
     return f"queued for {queue} since {at} UTC; {seen}; run `daedalus worker --host {host}` there"
+
+
+async def unserved(client: Client, host: HostSpec, since: datetime, namespace: str = "default") -> str | None:
+    """For a step queued on `host` since `since`: the `queued_explanation` line when no worker polls its queue,
+    else None. Cheap (one DescribeTaskQueue): `ticket show`, `ticket list`, the API and the report call it
+    for each ticket whose current step is on a host."""
+    queue = await describe_queue(client, host.task_queue, namespace)
+    return queued_explanation(host.name, host.task_queue, since, queue.pollers, datetime.now(UTC))
