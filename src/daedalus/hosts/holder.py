@@ -32,6 +32,7 @@ from daedalus.hosts.leases import (
     Release,
     TenantDemand,
     keeper_id,
+    waiting_ttl_s,
 )
 from daedalus.hosts.registry import Registry
 from daedalus.workflows.lease_keeper import LeaseKeeperWorkflow
@@ -113,22 +114,60 @@ async def _update(client: Client, host: str, update: Any, argument: Any) -> Any:
         raise LeaseError(f"lease keeper of host {host}: {error.message}") from error
 
 
+async def _query_lease(client: Client, host: str, lease_id: str) -> LeaseOutcome:
+    try:
+        outcome: LeaseOutcome = await client.get_workflow_handle(keeper_id(host)).query(
+            LeaseKeeperWorkflow.lease, lease_id
+        )
+    except RPCError as error:
+        raise LeaseError(f"lease keeper of host {host}: {error.message}") from error
+    return outcome
+
+
+async def keepalive(client: Client, host: str, lease_id: str) -> None:
+    try:
+        await client.get_workflow_handle(keeper_id(host)).signal(LeaseKeeperWorkflow.keepalive, lease_id)
+    except RPCError as error:
+        raise LeaseError(f"lease keeper of host {host}: {error.message}") from error
+
+
+def _poll_s(outcome: LeaseOutcome) -> float:
+    # The next in line looks often (its grant is near); the rest of the queue less, to spare the keeper.
+    position = outcome.position or 0
+    return 0.05 if position < 2 else min(1.0, 0.1 * position)
+
+
 async def acquire(client: Client, host: str, request: LeaseRequest) -> LeaseOutcome:
-    """Wait until the lease is granted; raises LeaseRefused with the keeper's reason when it is not."""
+    """Wait until the lease is granted; raises LeaseRefused with the keeper's reason when it is not.
+
+    One `acquire` update queues the request (and waits briefly); then the `lease` query follows it and the
+    `keepalive` signal keeps it queued: neither counts against Temporal's per-workflow limit on updates.
+    """
+    outcome: LeaseOutcome = await _update(client, host, LeaseKeeperWorkflow.acquire, request)
+    kept_alive = time.monotonic()
+    every = waiting_ttl_s(request) / 4
     while True:
-        outcome: LeaseOutcome = await _update(client, host, LeaseKeeperWorkflow.acquire, request)
         if outcome.status is LeaseStatus.GRANTED:
             return outcome
-        if outcome.status in (LeaseStatus.REFUSED, LeaseStatus.UNKNOWN, LeaseStatus.REVOKED):
+        if outcome.status is not LeaseStatus.WAITING:
             raise LeaseRefused(f"lease {request.lease_id} on host {host} not granted: {outcome.reason}")
-        # WAITING: the call is bounded (or answered at once when the keeper has enough callers parked);
-        # asking again with the same id keeps the place in the queue. The next in line asks most often.
-        await asyncio.sleep(min(1.0, 0.05 + 0.05 * (outcome.position or 0)))
+        await asyncio.sleep(_poll_s(outcome))
+        try:
+            if time.monotonic() - kept_alive > every:
+                await keepalive(client, host, request.lease_id)
+                kept_alive = time.monotonic()
+            outcome = await _query_lease(client, host, request.lease_id)
+        except LeaseError:
+            # A keeper slow to answer (a loaded worker) is not a refusal: the request stays queued until its
+            # waiting ttl, and the next look may get through.
+            if time.monotonic() - kept_alive > waiting_ttl_s(request):
+                raise
 
 
 async def heartbeat(client: Client, host: str, lease_id: str) -> LeaseOutcome:
-    outcome: LeaseOutcome = await _update(client, host, LeaseKeeperWorkflow.heartbeat, lease_id)
-    return outcome
+    """Keep a held lease alive and read where it stands (revoked, expired...)."""
+    await keepalive(client, host, lease_id)
+    return await _query_lease(client, host, lease_id)
 
 
 async def release(client: Client, host: str, lease_id: str, reason: str = "released") -> None:
@@ -170,6 +209,20 @@ class HeldLease:
         return self.outcome.gpus
 
 
+async def _renew(client: Client, host: str, lease_id: str, *, deadline: float) -> tuple[LeaseOutcome, float]:
+    """Keepalive and status, retried until `deadline` (monotonic); returns the answer and when it was sent."""
+    problem = "no answer"
+    while (left := deadline - time.monotonic()) > 0:
+        sent = time.monotonic()
+        try:
+            return await asyncio.wait_for(heartbeat(client, host, lease_id), timeout=left), sent
+        except (LeaseError, TimeoutError) as error:
+            problem = str(error) or "no answer"
+            await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+    reason = f"could not renew it in time ({problem}); stopped so that no one else's run shares its GPUs"
+    return LeaseOutcome(lease_id=lease_id, status=LeaseStatus.UNKNOWN, host=host, reason=reason), deadline
+
+
 @contextlib.asynccontextmanager
 async def holding(
     client: Client, host: str, request: LeaseRequest, *, heartbeat_s: float | None = None
@@ -180,22 +233,24 @@ async def holding(
     interval = heartbeat_s or request.ttl_s / 3
 
     async def beat() -> None:
+        # Self-fencing: the keeper expires the lease `ttl` after the last keepalive it saw. If a keepalive cannot
+        # be confirmed within 80% of that (from when it was sent), stop: better lose this run than let two
+        # holders share a GPU.
+        confirmed = time.monotonic()
+        fence = request.ttl_s * 0.8
         while True:
             await asyncio.sleep(interval)
-            try:
-                answer = await heartbeat(client, host, request.lease_id)
-            except LeaseError as error:
-                answer = LeaseOutcome(
-                    lease_id=request.lease_id, status=LeaseStatus.UNKNOWN, host=host, reason=str(error)
-                )
+            answer, sent = await _renew(client, host, request.lease_id, deadline=confirmed + fence)
             held.heartbeats += 1
-            if answer.status is not LeaseStatus.GRANTED:
-                held.lost = (
-                    f"lease {request.lease_id} on host {host} lost ({answer.status.value}): {answer.reason}"
-                )
-                if held._owner is not None:
-                    held._owner.cancel()
-                return
+            if answer.status is LeaseStatus.GRANTED:
+                confirmed = sent
+                continue
+            held.lost = (
+                f"lease {request.lease_id} on host {host} lost ({answer.status.value}): {answer.reason}"
+            )
+            if held._owner is not None:
+                held._owner.cancel()
+            return
 
     beater = asyncio.create_task(beat())
     try:

@@ -257,6 +257,15 @@ def gpu_refusal(request: LeaseRequest, gpu_count: int) -> str | None:
     return None
 
 
+WAITING_TTL_FLOOR_S = 60.0
+
+
+def waiting_ttl_s(request: LeaseRequest) -> float:
+    """How long a queued request lives without a keepalive: its ttl, but never under a minute, so that a
+    waiter on a busy machine keeps its place; a dead waiter holds its reservation at most that long."""
+    return max(request.ttl_s, WAITING_TTL_FLOOR_S)
+
+
 def effective_priority(waiting: Waiting, now: datetime, aging_s: float) -> float:
     waited = (now - waiting.requested_at).total_seconds()
     return waiting.request.priority + max(0.0, waited) // aging_s

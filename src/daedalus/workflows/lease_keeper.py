@@ -41,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
         gpu_refusal,
         plan,
         ranked,
+        waiting_ttl_s,
     )
 
 ACQUIRE_WAIT_S = 20.0
@@ -95,9 +96,13 @@ class LeaseKeeperWorkflow:
 
     @workflow.update
     async def acquire(self, request: LeaseRequest) -> LeaseOutcome:
+        """Queue the request (or find it again) and wait a little for the grant; the caller then follows it
+        with the `lease` query and keeps it alive with the `keepalive` signal (neither counts against
+        Temporal's limit of in-flight updates)."""
         now = workflow.now()
         lease_id = request.lease_id
-        if self._held(lease_id) is None and lease_id not in self._refusals:
+        if self._held(lease_id) is None:
+            self._refusals.pop(lease_id, None)  # asking again after a refusal is a new request
             waiting = self._waiting(lease_id)
             if waiting is None:
                 self._state.waiting.append(
@@ -108,7 +113,6 @@ class LeaseKeeperWorkflow:
             else:
                 waiting.last_heartbeat = now
             if not self._draining and self._parked < MAX_PARKED:
-                # Answer WAITING well within the ttl, so that the caller's next call keeps the request alive.
                 wait_s = min(ACQUIRE_WAIT_S, request.ttl_s / 2)
                 self._parked += 1
                 try:
@@ -119,7 +123,20 @@ class LeaseKeeperWorkflow:
                     pass
                 finally:
                     self._parked -= 1
-        return self._outcome(lease_id, consume=True)
+        return self._outcome(lease_id)
+
+    @workflow.query
+    def lease(self, lease_id: str) -> LeaseOutcome:
+        """Where a lease stands: granted (with its GPUs), waiting (with its place), refused, revoked or gone."""
+        return self._outcome(lease_id)
+
+    @workflow.signal
+    def keepalive(self, lease_id: str) -> None:
+        """The holder (or the waiter) is alive. A signal, not an update: many holders never exhaust the keeper."""
+        item = self._held(lease_id) or self._waiting(lease_id)
+        if item is not None:
+            item.last_heartbeat = workflow.now()
+            self._changed = True
 
     @acquire.validator
     def _validate_acquire(self, request: LeaseRequest) -> None:
@@ -130,14 +147,6 @@ class LeaseKeeperWorkflow:
         )
         if reason is not None:
             raise ValueError(f"host {self._state.host.name}: {reason}")
-
-    @workflow.update
-    def heartbeat(self, lease_id: str) -> LeaseOutcome:
-        now = workflow.now()
-        item = self._held(lease_id) or self._waiting(lease_id)
-        if item is not None:
-            item.last_heartbeat = now
-        return self._outcome(lease_id, consume=False)
 
     @workflow.update
     def release(self, release: Release) -> LeaseOutcome:
@@ -267,7 +276,7 @@ class LeaseKeeperWorkflow:
                 )
         for waiting in list(self._state.waiting):
             request = waiting.request
-            if now >= waiting.last_heartbeat + timedelta(seconds=request.ttl_s):
+            if now >= waiting.last_heartbeat + timedelta(seconds=waiting_ttl_s(request)):
                 self._state.waiting.remove(waiting)
                 self._event(now, KeeperEventKind.ABANDONED, request.lease_id, detail="stopped asking")
             elif request.wait_timeout_s is not None and now >= waiting.requested_at + timedelta(
@@ -297,7 +306,7 @@ class LeaseKeeperWorkflow:
     def _next_deadline(self, now: datetime) -> timedelta | None:
         times = [lease.last_heartbeat + timedelta(seconds=lease.ttl_s) for lease in self._state.held]
         for waiting in self._state.waiting:
-            times.append(waiting.last_heartbeat + timedelta(seconds=waiting.request.ttl_s))
+            times.append(waiting.last_heartbeat + timedelta(seconds=waiting_ttl_s(waiting.request)))
             if waiting.request.wait_timeout_s is not None:
                 times.append(waiting.requested_at + timedelta(seconds=waiting.request.wait_timeout_s))
             # Aging changes the ranking: look again when the next step of effective priority is reached.
@@ -444,7 +453,7 @@ class LeaseKeeperWorkflow:
         known = ", ".join(t.spec.name for t in self._state.tenants) or "none"
         raise ValueError(f"host {self._host} has no tenant {name!r}; its tenants: {known}")
 
-    def _outcome(self, lease_id: str, *, consume: bool) -> LeaseOutcome:
+    def _outcome(self, lease_id: str) -> LeaseOutcome:
         lease = self._held(lease_id)
         if lease is not None:
             return LeaseOutcome(
@@ -469,7 +478,7 @@ class LeaseKeeperWorkflow:
                 if waiting.pausing_for
                 else "",
             )
-        refusal = self._refusals.pop(lease_id, None) if consume else self._refusals.get(lease_id)
+        refusal = self._refusals.get(lease_id)
         if refusal is not None:
             return refusal
         last = next((e for e in reversed(self._state.events) if e.lease_id == lease_id), None)
