@@ -35,7 +35,7 @@ async def test_stored_history_replays() -> None:
 
 
 async def test_record_a_keepers_life(temporal_client: Client, tmp_path: Path) -> None:
-    """Grants, a queue, an expiry, a tenant paused and resumed, a preemption, a lifted constraint."""
+    """Grants, a queue, an expiry, keepalives, a tenant paused and resumed, a preemption, a lifted constraint."""
     tenant = render_queue(tmp_path)
     async with running_keeper(temporal_client, tmp_path, tenants=[tenant], constraints=[CAP]) as keeper:
         host = keeper.host
@@ -46,6 +46,10 @@ async def test_record_a_keepers_life(temporal_client: Client, tmp_path: Path) ->
             waiter = LeaseRequest(lease_id="next", holder="n", gpus=[0], ttl_s=10)
             await asyncio.wait_for(holder.acquire(temporal_client, host, waiter), 15)
             await holder.release(temporal_client, host, "next")
+            held = LeaseRequest(lease_id="held", holder="h", gpus=[3], ttl_s=3)
+            async with holder.holding(temporal_client, host, held, heartbeat_s=0.2) as lease:
+                await asyncio.sleep(0.7)
+            assert lease.heartbeats >= 2 and lease.lost is None
             low = LeaseRequest(lease_id="low", holder="l", gpus=[1], priority=20, ttl_s=10)
             await holder.acquire(temporal_client, host, low)
             await holder.tenant_demand(temporal_client, host, "comfyui", busy=True)
