@@ -346,6 +346,8 @@ async def scenario(pool: Pool, quick: bool) -> dict[str, Any]:
         "steps_revoked": sum(1 for r in runs if r.lost),
         "steps_refused": sum(1 for r in runs if r.refused),
         "revoked_by_tenant": revoked,
+        "lost": [r.lost for r in runs if r.lost],
+        "refused": [r.refused for r in runs if r.refused],
         "jobs_logged": jobs,
         "leases_granted": sum(s.counters.granted for s in states.values()),
         "hosts": len(HOSTS),
@@ -384,7 +386,7 @@ def main() -> None:
     table.add_column("figure")
     table.add_column("value", justify="right")
     for key, value in result.items():
-        if key not in ("processes", "revoked_by_tenant"):
+        if key not in ("processes", "revoked_by_tenant", "lost", "refused"):
             table.add_row(key, str(value))
     Console().print(table)
     print(f"wrote {args.out}")

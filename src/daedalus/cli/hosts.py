@@ -54,6 +54,8 @@ def _show(view: HostView, now: datetime) -> None:
             f"  workers: [red]none polling[/red] (last seen {_ago(last, now)}); "
             f"run `daedalus worker --host {escape(host.name)}` there"
         )
+    for mirror in host.engines:
+        console.print(f"  engine {escape(mirror.name)}: mirror of {escape(mirror.url)}")
     if queue.backlog is not None:
         age = f", oldest {queue.backlog_age_s:.0f}s" if queue.backlog_age_s else ""
         console.print(f"  backlog: {queue.backlog} task(s){age}")

@@ -41,9 +41,6 @@ class EngineMirror(Model):
 
     name: str = Field(min_length=1)
     url: str = Field(min_length=1, description="any URL git can fetch: ssh, https, git://, file://, a path")
-    mirror: Path | None = Field(
-        default=None, description="where the mirror lives; default <workspace>/mirrors"
-    )
 
 
 class TenantSpec(Model):

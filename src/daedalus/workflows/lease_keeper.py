@@ -82,6 +82,7 @@ class LeaseKeeperWorkflow:
                 await workflow.wait_condition(lambda: self._changed, timeout=deadline)
             self._changed = False
             self._step(workflow.now())
+            self._show()
             info = workflow.info()
             if info.get_current_history_length() > input.max_history or info.is_continue_as_new_suggested():
                 self._draining = True
@@ -219,6 +220,15 @@ class LeaseKeeperWorkflow:
     @property
     def _host(self) -> str:
         return self._state.host.name
+
+    def _show(self) -> None:
+        """The keeper's state in words, as the Temporal UI shows a workflow's current details."""
+        held = "; ".join(f"{h.lease_id} on GPUs {h.gpus} ({h.holder})" for h in self._state.held) or "none"
+        tenants = ", ".join(f"{t.spec.name} {t.mode.value}" for t in self._state.tenants) or "none"
+        live = ", ".join(c.id for c in self._state.live_constraints()) or "none"
+        workflow.set_current_details(
+            f"held: {held}\nwaiting: {len(self._state.waiting)}\ntenants: {tenants}\nconstraints: {live}"
+        )
 
     def _step(self, now: datetime) -> None:
         self._expire(now)
