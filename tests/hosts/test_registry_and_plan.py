@@ -29,7 +29,9 @@ def test_the_demo_registry_has_the_seeds_hosts_and_the_pool_cap() -> None:
     assert registry.host("GB10").gpus.unified
     assert [t.name for t in mavis.tenants] == ["comfyui"]
     assert [c.until_ticket for c in registry.constraints_for("GB10")] == ["5"]
-    with pytest.raises(RegistryError, match=r"unknown host 'locla'; hosts\.yaml declares: mavis, GB10, local"):
+    with pytest.raises(
+        RegistryError, match=r"unknown host 'locla'; hosts\.yaml declares: mavis, GB10, local"
+    ):
         registry.host("locla")
 
 
