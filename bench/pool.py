@@ -178,7 +178,7 @@ class Steps:
         self.host_of: dict[str, str] = {}
         self.counter = itertools.count()
 
-    async def submit(self, host: str, kind: str, seconds: float, *, ttl_s: float = 10, **request: Any) -> str:
+    async def submit(self, host: str, kind: str, seconds: float, *, ttl_s: float = 30, **request: Any) -> str:
         lease_id = f"{kind}-{next(self.counter)}"
         step = LeasedCommand(
             host=host,
@@ -292,10 +292,16 @@ async def scenario(pool: Pool, quick: bool) -> dict[str, Any]:
     steps = Steps(client, ledger)
     gates = 6 if quick else 24
     rounds = 2 if quick else 4
-    # The victim: a step on GPU 1 whose worker is SIGKILLed while it runs (short ttl so the lease expires soon).
-    victim = await steps.submit("pool-a", "victim", 3.0, gpus=[1], ttl_s=3)
+    # The victim: a step on GPU 1 whose worker is SIGKILLed while it runs (short ttl so the lease expires soon;
+    # killed once the keeper has its first keepalive, after which the ttl, not the one-minute grace, applies).
+    victim = await steps.submit("pool-a", "victim", 3.0, gpus=[1], ttl_s=5)
     await wait_for("the victim step to start", lambda: _async(steps.started(victim)), 120)
-    await asyncio.sleep(0.3)
+
+    async def victim_confirmed() -> bool:
+        state = await holder.keeper_state(client, "pool-a")
+        return any(lease.lease_id == victim and lease.confirmed for lease in state.held)
+
+    await wait_for("the victim's first keepalive", victim_confirmed, 60)
     pool.kill("worker-pool-a")
     killed_at = datetime.now().astimezone()
     for i in range(gates):  # tickets' gates, one GPU each, some by index, some "any one"

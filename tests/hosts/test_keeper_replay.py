@@ -43,6 +43,7 @@ async def test_record_a_keepers_life(temporal_client: Client, tmp_path: Path) ->
             await holder.acquire(
                 temporal_client, host, LeaseRequest(lease_id="dead", holder="d", gpus=[0], ttl_s=1)
             )
+            await holder.keepalive(temporal_client, host, "dead")
             waiter = LeaseRequest(lease_id="next", holder="n", gpus=[0], ttl_s=10)
             await asyncio.wait_for(holder.acquire(temporal_client, host, waiter), 15)
             await holder.release(temporal_client, host, "next")

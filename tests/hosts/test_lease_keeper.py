@@ -98,6 +98,10 @@ async def test_a_dead_holders_lease_expires_and_the_gpu_goes_to_the_next(
 ) -> None:
     async with running_keeper(temporal_client, tmp_path) as keeper:
         await holder.acquire(temporal_client, keeper.host, request("dead", ttl_s=1.0))
+        # Until its first keepalive a grant lives a minute (its holder may be slow to see it); then the ttl.
+        state = await holder.keeper_state(temporal_client, keeper.host)
+        assert state.held[0].live_s == 60
+        await holder.keepalive(temporal_client, keeper.host, "dead")
         started = time.monotonic()
         nxt = await asyncio.wait_for(holder.acquire(temporal_client, keeper.host, request("next")), 15)
         waited = time.monotonic() - started

@@ -17,7 +17,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
@@ -96,6 +101,12 @@ async def _update(client: Client, host: str, update: Any, argument: Any) -> Any:
         while True:
             try:
                 return await handle.execute_update(update, argument)
+            except WorkflowUpdateRPCTimeoutOrCancelledError:
+                # A busy keeper took longer than the RPC allows; every update here is safe to send again.
+                if time.monotonic() > deadline:
+                    raise LeaseError(
+                        f"the lease keeper of host {host} did not answer within {BUSY_RETRY_S:g}s"
+                    ) from None
             except RPCError as error:
                 if error.status is not RPCStatusCode.RESOURCE_EXHAUSTED or time.monotonic() > deadline:
                     raise
@@ -131,17 +142,13 @@ async def keepalive(client: Client, host: str, lease_id: str) -> None:
         raise LeaseError(f"lease keeper of host {host}: {error.message}") from error
 
 
-def _poll_s(outcome: LeaseOutcome) -> float:
-    # The next in line looks often (its grant is near); the rest of the queue less, to spare the keeper.
-    position = outcome.position or 0
-    return 0.05 if position < 2 else min(1.0, 0.1 * position)
-
-
 async def acquire(client: Client, host: str, request: LeaseRequest) -> LeaseOutcome:
     """Wait until the lease is granted; raises LeaseRefused with the keeper's reason when it is not.
 
-    One `acquire` update queues the request (and waits briefly); then the `lease` query follows it and the
-    `keepalive` signal keeps it queued: neither counts against Temporal's per-workflow limit on updates.
+    The `acquire` update queues the request and waits inside the keeper (answering at once on the grant); the
+    next two in line keep calling it, the rest of the queue follows its place with the `lease` query and keeps
+    the request alive with the `keepalive` signal, so that a long queue never exhausts Temporal's limit of
+    in-flight updates per workflow.
     """
     outcome: LeaseOutcome = await _update(client, host, LeaseKeeperWorkflow.acquire, request)
     kept_alive = time.monotonic()
@@ -151,12 +158,22 @@ async def acquire(client: Client, host: str, request: LeaseRequest) -> LeaseOutc
             return outcome
         if outcome.status is not LeaseStatus.WAITING:
             raise LeaseRefused(f"lease {request.lease_id} on host {host} not granted: {outcome.reason}")
-        await asyncio.sleep(_poll_s(outcome))
+        position = outcome.position or 0
         try:
+            if position < 2:
+                asked = time.monotonic()
+                outcome = await _update(client, host, LeaseKeeperWorkflow.acquire, request)
+                kept_alive = asked
+                if time.monotonic() - asked < 0.5:
+                    await asyncio.sleep(0.1)  # the keeper had no room to wait: do not spin
+                continue
+            await asyncio.sleep(min(2.0, 0.25 * position))
             if time.monotonic() - kept_alive > every:
                 await keepalive(client, host, request.lease_id)
                 kept_alive = time.monotonic()
             outcome = await _query_lease(client, host, request.lease_id)
+        except LeaseRefused:
+            raise
         except LeaseError:
             # A keeper slow to answer (a loaded worker) is not a refusal: the request stays queued until its
             # waiting ttl, and the next look may get through.

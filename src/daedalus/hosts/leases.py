@@ -37,6 +37,9 @@ def keeper_id(host: str) -> str:
     return f"{KEEPER_PREFIX}{host}"
 
 
+WAITING_TTL_FLOOR_S = 60.0
+
+
 class State(BaseModel):
     """Mutable state carried across continue-as-new (the keeper changes it in place)."""
 
@@ -94,6 +97,15 @@ class Lease(State):
     granted_at: datetime
     last_heartbeat: datetime
     revoked: str | None = None
+    confirmed: bool = Field(
+        default=False, description="the holder has sent a keepalive since the grant (it knows it holds it)"
+    )
+
+    @property
+    def live_s(self) -> float:
+        """How long after its last heartbeat the lease expires: until its holder has learnt of the grant, as
+        long as a queued request lives (a loaded holder may take a while to see it)."""
+        return self.ttl_s if self.confirmed else max(self.ttl_s, WAITING_TTL_FLOOR_S)
 
 
 class LeaseStatus(StrEnum):
@@ -255,9 +267,6 @@ def gpu_refusal(request: LeaseRequest, gpu_count: int) -> str | None:
     elif request.count is not None and request.count > gpu_count:
         return f"{request.count} GPU(s) asked for; the host has {gpu_count}"
     return None
-
-
-WAITING_TTL_FLOOR_S = 60.0
 
 
 def waiting_ttl_s(request: LeaseRequest) -> float:

@@ -134,7 +134,10 @@ class LeaseKeeperWorkflow:
     @workflow.signal
     def keepalive(self, lease_id: str) -> None:
         """The holder (or the waiter) is alive. A signal, not an update: many holders never exhaust the keeper."""
-        item = self._held(lease_id) or self._waiting(lease_id)
+        held = self._held(lease_id)
+        if held is not None:
+            held.confirmed = True
+        item = held or self._waiting(lease_id)
         if item is not None:
             item.last_heartbeat = workflow.now()
             self._changed = True
@@ -274,7 +277,7 @@ class LeaseKeeperWorkflow:
 
     def _expire(self, now: datetime) -> None:
         for lease in list(self._state.held):
-            if now >= lease.last_heartbeat + timedelta(seconds=lease.ttl_s):
+            if now >= lease.last_heartbeat + timedelta(seconds=lease.live_s):
                 self._state.held.remove(lease)
                 self._state.counters.expired += 1
                 self._event(
@@ -282,7 +285,7 @@ class LeaseKeeperWorkflow:
                     KeeperEventKind.EXPIRED,
                     lease.lease_id,
                     lease.gpus,
-                    f"{lease.holder}: no heartbeat for {lease.ttl_s:g}s",
+                    f"{lease.holder}: no heartbeat for {lease.live_s:g}s",
                 )
         for waiting in list(self._state.waiting):
             request = waiting.request
@@ -314,7 +317,7 @@ class LeaseKeeperWorkflow:
         self._changed = True
 
     def _next_deadline(self, now: datetime) -> timedelta | None:
-        times = [lease.last_heartbeat + timedelta(seconds=lease.ttl_s) for lease in self._state.held]
+        times = [lease.last_heartbeat + timedelta(seconds=lease.live_s) for lease in self._state.held]
         for waiting in self._state.waiting:
             times.append(waiting.last_heartbeat + timedelta(seconds=waiting_ttl_s(waiting.request)))
             if waiting.request.wait_timeout_s is not None:
