@@ -15,7 +15,12 @@ from daedalus.activities.audit import AuditActivities
 from daedalus.activities.builds import BuildActivities
 from daedalus.activities.engines import build_engine, run_benchmark, run_quality_probe
 from daedalus.activities.gates import GateActivities
-from daedalus.activities.hosts import KeeperStoreActivities, LeasedCommandActivities, TenantActivities
+from daedalus.activities.hosts import (
+    KeeperStoreActivities,
+    LeaseActivities,
+    LeasedCommandActivities,
+    TenantActivities,
+)
 from daedalus.activities.notify import NotifyActivities
 from daedalus.activities.training import TrainingActivities
 from daedalus.activities.workspace import Workspace
@@ -48,12 +53,18 @@ def control_worker(client: Client, config: WorkerConfig, engine: Engine) -> Work
     # An explicit empty SlackSettings: SlackSettings() would read a developer's .env token.
     slack = config.slack or SlackSettings(bot_token=None, channel=None)
     notify = NotifyActivities(slack, config.artifacts / "slack-posted")
-    keepers = KeeperStoreActivities(engine)
+    keepers, leases = KeeperStoreActivities(engine), LeaseActivities()
     return Worker(
         client,
         task_queue=config.control_queue,
         workflows=list(WORKFLOWS),
-        activities=[audit.record_audit_event, notify.notify_decision_request, keepers.passed_tickets],
+        activities=[
+            audit.record_audit_event,
+            notify.notify_decision_request,
+            keepers.passed_tickets,
+            leases.acquire_lease,
+            leases.release_lease,
+        ],
         workflow_failure_exception_types=[Exception] if config.fail_workflows_on_bugs else [],
         max_concurrent_activities=config.max_concurrent_activities,
     )

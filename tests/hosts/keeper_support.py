@@ -47,6 +47,9 @@ async def running_keeper(
     constraints: list[Constraint] | None = None,
     engine: Engine | None = None,
     host_worker: bool = True,
+    workflows: list[type] | None = None,
+    control_activities: list[Any] | None = None,
+    host_activities: list[Any] | None = None,
     **keeper_options: Any,
 ) -> AsyncIterator[Keeper]:
     name = f"h{uuid.uuid4().hex[:10]}"
@@ -54,13 +57,13 @@ async def running_keeper(
     registry = Registry(hosts=[spec], constraints=constraints or [])
     control_queue = f"test-{uuid.uuid4()}"
     gpu_state = tmp_path / "gpus"
-    activities: list[Any] = []
+    activities: list[Any] = list(control_activities or [])
     if engine is not None:
         activities.append(KeeperStoreActivities(engine).passed_tickets)
     control = Worker(
         client,
         task_queue=control_queue,
-        workflows=[LeaseKeeperWorkflow],
+        workflows=[LeaseKeeperWorkflow, *(workflows or [])],
         activities=activities,
         workflow_failure_exception_types=[Exception],
         max_concurrent_activities=4,
@@ -69,7 +72,11 @@ async def running_keeper(
     workers = [control]
     if host_worker:
         workers.append(
-            Worker(client, task_queue=spec.task_queue, activities=[tenant.pause_tenant, tenant.resume_tenant])
+            Worker(
+                client,
+                task_queue=spec.task_queue,
+                activities=[tenant.pause_tenant, tenant.resume_tenant, *(host_activities or [])],
+            )
         )
     async with contextlib_multi(workers):
         await holder.ensure_keeper(client, registry, name, control_queue=control_queue, **keeper_options)

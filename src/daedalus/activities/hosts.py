@@ -13,10 +13,18 @@ import structlog
 from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from daedalus.hosts import holder
 from daedalus.hosts.gpus import GPU_STATE_ENV, GpuMemory, NvmlGpuMemory, SimulatedGpuMemory
-from daedalus.hosts.leases import LeasedCommand, LeasedRun, TenantCheck, TenantCommand
+from daedalus.hosts.leases import (
+    LeaseCall,
+    LeasedCommand,
+    LeasedRun,
+    LeaseOutcome,
+    TenantCheck,
+    TenantCommand,
+)
 from daedalus.processes import kill_group, log_tail, run_logged
 from daedalus.schemas.ticket import TicketStatus
 from daedalus.store.tables import TicketRow
@@ -193,3 +201,26 @@ async def _heartbeat_while_waiting() -> None:
     while True:
         activity.heartbeat("waiting for the lease")
         await asyncio.sleep(1.0)
+
+
+LEASE_REFUSED = "LeaseRefused"
+"""The ApplicationError type of a lease the keeper would not grant (the message says why)."""
+
+
+class LeaseActivities:
+    """Acquire and release on behalf of a workflow (workflows cannot send updates): control queue."""
+
+    @activity.defn(name="acquire_lease")
+    async def acquire_lease(self, call: LeaseCall) -> LeaseOutcome:
+        assert call.request is not None
+        beating = asyncio.create_task(_heartbeat_while_waiting())
+        try:
+            return await holder.acquire(activity.client(), call.host, call.request)
+        except holder.LeaseRefused as error:
+            raise ApplicationError(str(error), type=LEASE_REFUSED, non_retryable=True) from error
+        finally:
+            beating.cancel()
+
+    @activity.defn(name="release_lease")
+    async def release_lease(self, call: LeaseCall) -> None:
+        await holder.release(activity.client(), call.host, call.lease_id, call.reason)

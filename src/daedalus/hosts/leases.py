@@ -373,3 +373,12 @@ class LeasedRun(Model):
     granted_seen: datetime | None = None
     released_at: datetime | None = None
     log_tail: str = ""
+
+
+class LeaseCall(Model):
+    """A workflow's acquire (or release) through the control-queue activities of `workflows.lease_helpers`."""
+
+    host: str
+    request: LeaseRequest | None = None
+    lease_id: str = ""
+    reason: str = "released"
