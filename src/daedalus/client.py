@@ -23,6 +23,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from daedalus.hosts.registry import Registry
 from daedalus.schemas import search_attributes
 from daedalus.schemas.limits import RESERVED_TICKET_PREFIXES, SPEC_BYTES
 from daedalus.schemas.ticket import (
@@ -148,12 +149,32 @@ class _SpecLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
+def require_known_hosts(spec: TicketSpec, hosts: Registry) -> None:
+    """Every host the ticket (and its children) names is declared in the host registry."""
+    for ticket in (spec, *spec.children):
+        if ticket.host not in hosts.names:
+            raise TicketError(
+                f"ticket {ticket.id} names unknown host {ticket.host!r}; hosts.yaml declares: "
+                f"{', '.join(hosts.names)} (fix the ticket's `host:`, or add the host to hosts.yaml)"
+            )
+
+
 async def file_ticket(
-    client: Client, spec: TicketSpec, *, queue: str, filed_by: str = "cli"
+    client: Client,
+    spec: TicketSpec,
+    *,
+    queue: str,
+    filed_by: str = "cli",
+    hosts: Registry | None = None,
 ) -> WorkflowHandle[Any, Any]:
-    """Start `ticket-<id>`; refuses while a ticket with that id is live, allows re-filing a closed one."""
+    """Start `ticket-<id>`; refuses while a ticket with that id is live, allows re-filing a closed one.
+
+    With `hosts` (the registry), a ticket naming an undeclared host is refused before anything starts.
+    """
     require_workable(spec)
     await _refuse_live_children(client, spec)
+    if hosts is not None:
+        require_known_hosts(spec, hosts)
     try:
         return await client.start_workflow(
             TicketWorkflow.run,

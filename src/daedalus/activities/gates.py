@@ -10,6 +10,7 @@ from temporalio import activity
 from daedalus.activities.workspace import Workspace
 from daedalus.agents.worktree import GitError, prepare_worktree
 from daedalus.gates.verdicts import decide
+from daedalus.hosts.mirrors import EngineRepoUnavailable
 from daedalus.paths import UnsafePathError, contained
 from daedalus.processes import log_tail, run_logged
 from daedalus.schemas.gates import GateMeasurement, GateResult, Verdict
@@ -38,7 +39,7 @@ class GateActivities:
         if not workdir.exists():
             try:
                 self._checkout_as_it_stands(request, workdir)
-            except (GitError, FileNotFoundError) as error:
+            except (GitError, EngineRepoUnavailable) as error:
                 return self._invalid(request, f"cannot check out what to measure: {error}", {})
         finished = await run_logged(
             gate.command,
@@ -64,16 +65,13 @@ class GateActivities:
         measurement = measurement.model_copy(update={"evidence": {**measurement.evidence, **evidence}})
         return decide(gate, measurement, host=request.host, commit=request.commit)
 
-    @staticmethod
-    def _checkout_as_it_stands(request: GateInput, workdir: Path) -> None:
+    def _checkout_as_it_stands(self, request: GateInput, workdir: Path) -> None:
         """A ticket without an agent measures its engine at the base commit, or, with no engine, from an empty
         directory (its gate commands name what they measure)."""
         if request.engine is None:
             workdir.mkdir(parents=True, exist_ok=True)
             return
-        repo = Path(request.engine.repo).expanduser()
-        if not (repo / ".git").exists():
-            raise FileNotFoundError(f"engine repo {repo} is not a git checkout on host {request.host}")
+        repo = self.workspace.sync_engine(request.engine, request.host)
         branch = f"daedalus/{request.ticket_id}/as-it-stands"
         prepare_worktree(repo=repo, base_commit=request.engine.base_commit, worktree=workdir, branch=branch)
 

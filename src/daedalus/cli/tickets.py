@@ -19,6 +19,7 @@ from daedalus.cli._common import client, console, fail, run, store
 from daedalus.client import TicketError
 from daedalus.config import Settings
 from daedalus.escaping import for_terminal as shown
+from daedalus.hosts.registry import RegistryError, load_registry
 from daedalus.schemas.ticket import (
     CancelRequest,
     Decision,
@@ -54,10 +55,14 @@ def create(
     except TicketError as error:
         fail(str(error))
     settings = Settings()
+    try:
+        hosts = load_registry(settings.hosts_file)
+    except RegistryError as error:
+        fail(str(error))
 
     async def go() -> str:
         handle = await tickets.file_ticket(
-            await client(settings), spec, queue=settings.control_queue, filed_by=filed_by
+            await client(settings), spec, queue=settings.control_queue, filed_by=filed_by, hosts=hosts
         )
         return handle.id
 
