@@ -342,3 +342,11 @@ def test_a_branch_that_escapes_refs_is_refused(task: AgentTask) -> None:
 
     with pytest.raises(SandboxError, match="outside"):
         Sandbox.for_worktree(Path(task.worktree), branch="../../hooks/x").argv(["true"])
+
+
+def test_credentials_cannot_be_passed_into_sandboxes() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="look like credentials"):
+        AgentSettings(sandbox_pass_env=["CUDA_HOME", "DAEDALUS_SLACK_BOT_TOKEN"])
+    assert AgentSettings(sandbox_pass_env=["CUDA_HOME"]).sandbox_pass_env == ["CUDA_HOME"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, Field, SecretStr
+import re
+
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DENY = [
@@ -73,5 +75,19 @@ class AgentSettings(BaseSettings):
         description="give codex/claude the host's network (they call their model endpoint themselves); "
         "tool-loop shells and scripted commands never get it",
     )
+
+    @field_validator("sandbox_pass_env")
+    @classmethod
+    def _no_credentials_into_sandboxes(cls, names: list[str]) -> list[str]:
+        credentials = [
+            n for n in names if re.search(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|CREDENTIAL", n, re.I)
+        ]
+        if credentials:
+            raise ValueError(
+                f"DAEDALUS_AGENT_SANDBOX_PASS_ENV names {credentials}, which look like credentials; agent "
+                "sandboxes never get those (a CLI agent gets its own provider's key from its own setting)"
+            )
+        return names
+
     lead_provider: str = Field(default="anthropic", pattern="^(anthropic|openai)$")
     lead_model: str | None = None
