@@ -84,12 +84,23 @@ def mark_step(path: Path) -> str:
 
 def marked(token: str) -> list[psutil.Process]:
     """Live processes whose environment carries step token `token`: `setsid` and `nohup` ones included, which
-    leave the step's process group but keep the environment they were started with."""
+    leave the step's process group but keep the environment they were started with.
+
+    Reads /proc/<pid>/environ as bytes (a zombie's is empty): psutil's parsed environ costs ~10x more, and
+    every step pays this sweep when it ends."""
+    needle = b"\0" + f"{STEP_TOKEN_ENV}={token}".encode() + b"\0"
     found = []
-    for proc in psutil.process_iter(["status"]):
-        with contextlib.suppress(psutil.Error, ProcessLookupError, OSError):
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and proc.environ().get(STEP_TOKEN_ENV) == token:
-                found.append(proc)
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as handle:
+                environ = handle.read()
+        except OSError:
+            continue  # gone, or not ours to read
+        if needle in b"\0" + environ + b"\0":
+            with contextlib.suppress(psutil.Error):
+                found.append(psutil.Process(int(entry.name)))
     return found
 
 
