@@ -24,6 +24,7 @@ from daedalus.agents.prompt import build_prompt
 from daedalus.agents.registry import CodingAgent, agent_for
 from daedalus.agents.settings import AgentSettings
 from daedalus.hosts.mirrors import ENVIRONMENT_ERROR, EngineRepoUnavailable
+from daedalus.sandbox import SandboxError, bwrap_binary
 from daedalus.schemas.agents import AgentResult, AgentTask, AgentUsage, ExitReason
 from daedalus.schemas.steps import AttemptInput
 
@@ -48,6 +49,10 @@ class AttemptActivities:
         if spec.agent is None or spec.engine is None:
             raise ApplicationError(f"ticket {spec.id} has no agent or engine to attempt", non_retryable=True)
         check_allowed_paths(spec.allowed_paths)
+        try:
+            bwrap_binary()  # before a worktree is made: an agent never runs outside its sandbox
+        except SandboxError as error:
+            raise ApplicationError(str(error), non_retryable=True) from error
         settings = self.settings or AgentSettings()
         if spec.engine is not None and request.filing:
             self.workspace.claim(
@@ -155,7 +160,7 @@ class AttemptActivities:
             return await agent.run(
                 task, artifacts=artifacts, heartbeat=activity.heartbeat, keep_on_cancel=_leave_agent_running
             )
-        except AgentConfigError as error:
+        except (AgentConfigError, SandboxError) as error:
             return _recorded(task, agent, artifacts, ExitReason.FAILED, str(error))
 
 
