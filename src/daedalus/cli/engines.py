@@ -36,7 +36,9 @@ def build(
     cuda_arch: Annotated[
         list[str] | None, typer.Option(help="CUDA architecture, e.g. 90 (repeatable; default: nvidia-smi)")
     ] = None,
-    preset: Annotated[str | None, typer.Option(help="take backend and architectures from this preset")] = None,
+    preset: Annotated[
+        str | None, typer.Option(help="take backend and architectures from this preset")
+    ] = None,
 ) -> None:
     """Build llama-server, llama-perplexity and llama-bench (cached by source hash and backend flags)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -9,13 +9,17 @@ import typer
 
 from daedalus.cli._common import console, fail
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Offline host bundles for air-gapped GPU hosts.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="Offline host bundles for air-gapped GPU hosts."
+)
 
 
 @app.command()
 def bundle(
     out: Annotated[Path, typer.Option("-o", "--out", help="a new directory for the bundle")],
-    python: Annotated[str | None, typer.Option(help="the host's Python, e.g. 3.12 (default: this one)")] = None,
+    python: Annotated[
+        str | None, typer.Option(help="the host's Python, e.g. 3.12 (default: this one)")
+    ] = None,
     platform: Annotated[
         list[str] | None, typer.Option(help="wheel platform tags (repeatable; default manylinux x86_64)")
     ] = None,
@@ -23,7 +27,9 @@ def bundle(
         list[str] | None,
         typer.Option(help="packages the host already has (names, comma-separated, or a known host: h200)"),
     ] = None,
-    temporal: Annotated[bool, typer.Option(help="ship the temporal binary (xz) for the embedded server")] = True,
+    temporal: Annotated[
+        bool, typer.Option(help="ship the temporal binary (xz) for the embedded server")
+    ] = True,
     max_mib: Annotated[float, typer.Option(help="refuse a bundle larger than this (0: no limit)")] = 64.0,
     refresh: Annotated[
         bool, typer.Option(help="OUT is a bundle already: rebuild only Daedalus's own wheel in it")

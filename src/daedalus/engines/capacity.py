@@ -58,7 +58,9 @@ def gpu_device(preset: LlamaCppPreset) -> NvmlDevice | None:
     try:
         return NvmlDevice(0)
     except GpuUnavailable as exc:
-        raise EngineError(f"preset {preset.name} runs on the GPU, so KiB/token is read from NVML: {exc}") from None
+        raise EngineError(
+            f"preset {preset.name} runs on the GPU, so KiB/token is read from NVML: {exc}"
+        ) from None
 
 
 async def kv_at(preset: LlamaCppPreset, model: Path, workdir: Path, build: LlamaBuild) -> KvMeasurement:

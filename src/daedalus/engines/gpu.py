@@ -103,7 +103,9 @@ def copy_bandwidth(buffer_gib: float = 2.0, rounds: int = 10, copies_per_round: 
     try:
         import torch
     except ImportError:
-        raise GpuUnavailable("the copy benchmark needs PyTorch with CUDA; torch is not installed here") from None
+        raise GpuUnavailable(
+            "the copy benchmark needs PyTorch with CUDA; torch is not installed here"
+        ) from None
     if not torch.cuda.is_available():
         raise GpuUnavailable("the copy benchmark needs a CUDA GPU; torch sees none on this host")
     n = int(buffer_gib * GIB)

@@ -29,7 +29,9 @@ MIB = 1024 * 1024
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ
-    p = argparse.ArgumentParser(prog="python -m daedalus.engines.gpu_trainer", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m daedalus.engines.gpu_trainer", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--steps", type=int, default=0, help="stop after this step (0 = until stopped)")
     p.add_argument("--device", default="auto", help="cuda, cpu, or auto (cuda when available)")
     p.add_argument("--d-model", type=int, default=512)
@@ -68,12 +70,16 @@ def build_model(args: argparse.Namespace) -> Any:
                                                batch_first=True, norm_first=True)  # fmt: skip
             self.blocks = nn.TransformerEncoder(layer, args.layers, enable_nested_tensor=False)
             self.head = nn.Linear(args.d_model, args.vocab)
-            self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(args.seq), persistent=False)
+            self.register_buffer(
+                "mask", nn.Transformer.generate_square_subsequent_mask(args.seq), persistent=False
+            )
 
         def forward(self, tokens: torch.Tensor) -> torch.Tensor:
             positions = torch.arange(tokens.shape[1], device=tokens.device)
             hidden = self.embed(tokens) + self.pos(positions)
-            hidden = self.blocks(hidden, mask=self.mask[: tokens.shape[1], : tokens.shape[1]], is_causal=True)
+            mask: torch.Tensor = self.mask  # type: ignore[assignment]  # a registered buffer
+            n = tokens.shape[1]
+            hidden = self.blocks(hidden, mask=mask[:n, :n], is_causal=True)
             return self.head(hidden)
 
     return TinyLM()

@@ -94,7 +94,9 @@ class BuildConfig:
         if self.backend not in BACKENDS:
             raise BuildError(f"unknown backend {self.backend!r}; known: {', '.join(BACKENDS)}")
         if self.backend == "cpu" and self.cuda_architectures:
-            raise BuildError("CUDA architectures were given for a CPU build; pass --backend cuda or drop them")
+            raise BuildError(
+                "CUDA architectures were given for a CPU build; pass --backend cuda or drop them"
+            )
         for arch in self.cuda_architectures:
             if not _ARCH.match(arch):
                 raise BuildError(f"CUDA architecture {arch!r} is not like 90, 90a or 89-real (CMake's form)")
@@ -111,7 +113,11 @@ class BuildConfig:
             return CMAKE_FLAGS
         if not self.cuda_architectures:
             raise BuildError("a CUDA build needs at least one architecture; use BuildConfig.for_backend")
-        return (*CMAKE_FLAGS, "-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(self.cuda_architectures)}")
+        return (
+            *CMAKE_FLAGS,
+            "-DGGML_CUDA=ON",
+            f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(self.cuda_architectures)}",
+        )
 
     def cache_key(self, digest: str) -> str:
         if self.backend == "cpu":

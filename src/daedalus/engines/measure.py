@@ -18,8 +18,8 @@ import structlog
 import typer
 
 from daedalus.engines.bench import Side, benchmark
-from daedalus.engines.gpu import copy_bandwidth, floor_fractions, floor_tps, model_bytes_per_token
 from daedalus.engines.capacity import capacity, ladder
+from daedalus.engines.gpu import copy_bandwidth, floor_fractions, floor_tps, model_bytes_per_token
 from daedalus.engines.llama_build import CPU, BuildConfig, LlamaBuild, build_llama_cpp, cached_build
 from daedalus.engines.paths import default_llama_source
 from daedalus.engines.presets import load_preset
@@ -230,7 +230,11 @@ async def measure(
 
 
 async def _floor_fraction(
-    preset: LlamaCppPreset | VllmPreset, model: Path, workload: Workload, workdir: Path, build: LlamaBuild | None
+    preset: LlamaCppPreset | VllmPreset,
+    model: Path,
+    workload: Workload,
+    workdir: Path,
+    build: LlamaBuild | None,
 ) -> GateMeasurement:
     """Decode rounds as fractions of the bandwidth floor; the copy benchmark runs before the server starts."""
     if not (isinstance(preset, LlamaCppPreset) and preset.backend == "cuda"):

@@ -126,7 +126,9 @@ def _pip(args: list[str], progress: Progress | None = None) -> str:
     return done.stdout
 
 
-def resolve(requirements: list[str], target: BundleTarget, skip: set[str], progress: Progress | None) -> BundlePlan:
+def resolve(
+    requirements: list[str], target: BundleTarget, skip: set[str], progress: Progress | None
+) -> BundlePlan:
     """Resolve the whole dependency set for the target with pip's resolver (metadata only, nothing installed)."""
     with tempfile.TemporaryDirectory(prefix="daedalus-bundle-") as tmp:
         report = Path(tmp) / "report.json"
@@ -294,7 +296,9 @@ def refresh_daedalus(bundle: Path, progress: Progress | None = None) -> dict[str
 def read_manifest(bundle: Path) -> dict[str, object]:
     path = bundle / MANIFEST
     if not path.is_file():
-        raise BundleError(f"{bundle} is not a Daedalus host bundle (no {MANIFEST}); make one with `daedalus host bundle`")
+        raise BundleError(
+            f"{bundle} is not a Daedalus host bundle (no {MANIFEST}); make one with `daedalus host bundle`"
+        )
     manifest: dict[str, object] = json.loads(path.read_text())
     return manifest
 
@@ -337,14 +341,23 @@ def install_bundle(
         raise BundleError(f"{venv} exists and is not empty; pass a new directory to --venv")
     if progress:
         progress(f"venv at {venv} (with the system's packages)")
-    subprocess.run([interpreter, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     vpy = venv / "bin" / "python"
+    pip = [str(vpy), "-m", "pip"]
+    made = subprocess.run([interpreter, "-m", "venv", "--system-site-packages", str(venv)], capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    if made.returncode != 0:
+        # An interpreter without ensurepip (some images): a venv without pip, filled by the interpreter's pip.
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run(
+            [interpreter, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True
+        )
+        pip = [interpreter, "-m", "pip", "--python", str(vpy)]
     _see_parent_venv(interpreter, vpy)
     wheels = sorted(str(p) for p in (bundle / WHEELS).glob("*.whl"))
     if progress:
         progress(f"{len(wheels)} wheels, no index")
-    done = subprocess.run([str(vpy), "-m", "pip", "install", "--no-index", "--no-deps", "--quiet",
-                           "--disable-pip-version-check", *wheels], capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run([*pip, "install", "--no-index", "--no-deps", "--quiet", "--disable-pip-version-check",
+                           *wheels], capture_output=True, text=True, check=False)  # fmt: skip
     if done.returncode != 0:
         raise BundleError(f"installing the wheels failed:\n{done.stderr.strip()[-2000:]}")
     if (bundle / TEMPORAL_XZ).is_file():
@@ -369,7 +382,9 @@ _PARENT_SITE = (
 
 
 def _see_parent_venv(interpreter: str, vpy: Path) -> None:
-    parent = subprocess.run([interpreter, "-c", _PARENT_SITE], capture_output=True, text=True, check=True).stdout
+    parent = subprocess.run(
+        [interpreter, "-c", _PARENT_SITE], capture_output=True, text=True, check=True
+    ).stdout
     if not parent.strip():
         return
     site_dir = subprocess.run([str(vpy), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],

@@ -86,7 +86,9 @@ class LlamaCppPreset(Model):
         if self.backend == "cpu" and self.cuda_architectures:
             raise ValueError("cuda_architectures is set but backend is 'cpu'; set backend: cuda or drop it")
         if self.backend == "cuda" and self.n_gpu_layers == 0:
-            raise ValueError("backend 'cuda' with n_gpu_layers 0 would run on the CPU; set n_gpu_layers (e.g. 999)")
+            raise ValueError(
+                "backend 'cuda' with n_gpu_layers 0 would run on the CPU; set n_gpu_layers (e.g. 999)"
+            )
         return self
 
 
@@ -252,7 +254,8 @@ class CapacityResult(Model):
     measurements: list[KvMeasurement]
     kib_per_token: float
     kib_source: Literal["rss", "nvml"] = Field(
-        default="rss", description="host RSS (CPU presets) or NVML device memory (CUDA presets), by difference"
+        default="rss",
+        description="host RSS (CPU presets) or NVML device memory (CUDA presets), by difference",
     )
     kib_per_token_reported: float | None = None
     baseline_kib_per_token: float | None = None
