@@ -131,10 +131,13 @@ CPU = BuildConfig()
 
 def find_nvcc() -> str:
     """nvcc on PATH, or the toolkit's default place (images often leave /usr/local/cuda/bin off PATH)."""
-    for candidate in (shutil.which("nvcc"), os.environ.get("CUDACXX"), "/usr/local/cuda/bin/nvcc"):
+    toolkit = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc"
+    for candidate in (shutil.which("nvcc"), os.environ.get("CUDACXX"), str(toolkit)):
         if candidate and Path(candidate).is_file():
             return candidate
-    raise BuildError("a CUDA build needs nvcc (the CUDA toolkit): put it on PATH or set CUDACXX")
+    raise BuildError(
+        "a CUDA build needs nvcc (the CUDA toolkit): put it on PATH, or set CUDACXX or CUDA_HOME"
+    )
 
 
 @dataclass(frozen=True)

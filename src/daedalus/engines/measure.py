@@ -157,6 +157,11 @@ async def measure(
         raise EngineError(f"model file {model} does not exist")
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"daedalus-measure-{metric.value}-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    if metric is Metric.FLOOR_FRACTION and not (
+        isinstance(preset, LlamaCppPreset) and preset.backend == "cuda"
+    ):
+        raise UnsupportedMetric(f"floor_fraction is a GPU metric: preset {preset.name} does not run on CUDA "
+                                "(set backend: cuda and n_gpu_layers, as examples/presets/gpu-*.yaml do)")  # fmt: skip
     needs_llama = any(isinstance(p, LlamaCppPreset) for p in (preset, baseline) if p is not None)
     build = await ensure_build(config=build_config_for(preset, baseline)) if needs_llama else None
     workload = workload or Workload()
@@ -237,8 +242,6 @@ async def _floor_fraction(
     build: LlamaBuild | None,
 ) -> GateMeasurement:
     """Decode rounds as fractions of the bandwidth floor; the copy benchmark runs before the server starts."""
-    if not (isinstance(preset, LlamaCppPreset) and preset.backend == "cuda"):
-        raise UnsupportedMetric(f"floor_fraction is a GPU metric: preset {preset.name} does not run on CUDA")
     bandwidth = await asyncio.to_thread(copy_bandwidth)
     per_token = model_bytes_per_token(model)
     async with launched(preset, model, workdir / "candidate", build=build) as server:

@@ -189,7 +189,8 @@ parent=$("$py" -c "import site,sys; print(chr(10).join(site.getsitepackages()) i
 if [ -n "$parent" ]; then
   echo "$parent" > "$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/_daedalus_parent_venv.pth"
 fi
-"$venv/bin/python" -m pip install --no-index --no-deps --disable-pip-version-check --quiet "$here"/wheels/*.whl
+"$venv/bin/python" -m pip install --no-index --no-deps --ignore-installed --disable-pip-version-check --quiet \\
+  "$here"/wheels/*.whl
 if [ -f "$here/temporal.xz" ]; then
   "$venv/bin/python" -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],'wb'))" \\
     "$here/temporal.xz" "$venv/bin/temporal"
@@ -356,8 +357,10 @@ def install_bundle(
     wheels = sorted(str(p) for p in (bundle / WHEELS).glob("*.whl"))
     if progress:
         progress(f"{len(wheels)} wheels, no index")
-    done = subprocess.run([*pip, "install", "--no-index", "--no-deps", "--quiet", "--disable-pip-version-check",
-                           *wheels], capture_output=True, text=True, check=False)  # fmt: skip
+    # --ignore-installed: the bundle's versions go into the venv even where the system has another version of
+    # the same package (what the system alone should provide was left out of the bundle with --skip).
+    done = subprocess.run([*pip, "install", "--no-index", "--no-deps", "--ignore-installed", "--quiet",
+                           "--disable-pip-version-check", *wheels], capture_output=True, text=True, check=False)  # fmt: skip
     if done.returncode != 0:
         raise BundleError(f"installing the wheels failed:\n{done.stderr.strip()[-2000:]}")
     if (bundle / TEMPORAL_XZ).is_file():
