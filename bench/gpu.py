@@ -137,23 +137,15 @@ def ticket_spec(repo: Path, decode_threshold: float, floor_threshold: float) -> 
 
 
 def training_spec(work: Path, python: str) -> dict[str, Any]:
-    ckpt = work / "checkpoints" / "h200-leak"
-    return {
-        "name": "h200-leak",
-        "host": HOST,
-        "command": [python, "-m", "daedalus.engines.gpu_trainer", "--leak-mib-per-step", "48",
-                    "--min-step-s", "0.05", "--d-model", "512", "--layers", "4", "--batch", "32", "--seq", "256"],
-        "cwd": str(work),
-        "checkpoints": {"directory": str(ckpt), "every_steps": 20, "keep": 2},
-        # The trainer's own process tree against a 10 GiB budget: the leak trips the stop in seconds without
-        # pushing the machine near its real limit. 1 Hz, as in production.
-        "watchdog": {"memory_source": "process_tree", "budget_mib": 10240, "min_available_gib": 4.0,
-                     "sample_interval_s": 1.0, "slope_window_s": 60, "min_fit_span_s": 10,
-                     "checkpoint_grace_s": 10, "term_grace_s": 5, "report_interval_s": 5},
-        "restart": {"restart_delay_s": 1},
-        "hunt": {"agent": "codex", "engine": {"name": "daedalus", "kind": "repo", "repo": str(REPO),
-                                              "base_commit": "HEAD"}},
-    }  # fmt: skip
+    """examples/training/h200-leak.yaml, with this venv's python and paths under the work directory."""
+    import yaml
+
+    spec: dict[str, Any] = yaml.safe_load((REPO / "examples" / "training" / "h200-leak.yaml").read_text())
+    spec["command"][0] = python
+    spec["cwd"] = str(work)
+    spec["checkpoints"]["directory"] = str(work / "checkpoints" / spec["name"])
+    spec["hunt"]["engine"]["repo"] = str(REPO)
+    return spec
 
 
 async def harness_fidelity(build: Any, model: Path, work: Path) -> dict[str, float]:
