@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from daedalus.cli import api, demo, engines, hosts, stack, tickets, training
+from daedalus.cli import api, demo, engines, host_bundle, hosts, stack, tickets, training
 from daedalus.logs import configure_logging
 
 app = typer.Typer(
@@ -29,6 +29,7 @@ app.add_typer(engines.app, name="engine")
 app.add_typer(training.app, name="train")
 app.add_typer(api.app, name="api")
 app.add_typer(hosts.app, name="hosts")
+app.add_typer(host_bundle.app, name="host")
 
 
 def main() -> None:
