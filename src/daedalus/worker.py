@@ -15,6 +15,7 @@ from daedalus.activities.audit import AuditActivities
 from daedalus.activities.builds import BuildActivities
 from daedalus.activities.engines import build_engine, run_benchmark, run_quality_probe
 from daedalus.activities.gates import GateActivities
+from daedalus.activities.lessons import LessonActivities
 from daedalus.activities.notify import NotifyActivities
 from daedalus.activities.training import TrainingActivities
 from daedalus.activities.workspace import Workspace
@@ -45,11 +46,17 @@ def control_worker(client: Client, config: WorkerConfig, engine: Engine) -> Work
     # An explicit empty SlackSettings: SlackSettings() would read a developer's .env token.
     slack = config.slack or SlackSettings(bot_token=None, channel=None)
     notify = NotifyActivities(slack, config.artifacts / "slack-posted")
+    lessons = LessonActivities(engine)
     return Worker(
         client,
         task_queue=config.control_queue,
         workflows=list(WORKFLOWS),
-        activities=[audit.record_audit_event, notify.notify_decision_request],
+        activities=[
+            audit.record_audit_event,
+            notify.notify_decision_request,
+            lessons.record_lessons,
+            lessons.lessons_for,
+        ],
         workflow_failure_exception_types=[Exception] if config.fail_workflows_on_bugs else [],
         max_concurrent_activities=config.max_concurrent_activities,
     )
