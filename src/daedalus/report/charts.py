@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ import numpy as np
 from daedalus.report.model import CampaignView, GateView, TrainingView, threshold_of
 
 _ids = itertools.count()
+_METADATA = re.compile(r"<metadata>.*?</metadata>\s*", re.DOTALL)
 STYLE: Any = {  # rc_context's key type is a Literal of every rc name
     "font.size": 9,  # legible at print size: figures are drawn at the width they print at
     "axes.titlesize": 10,
@@ -38,12 +40,16 @@ class Chart:
 
 def _svg(fig: plt.Figure) -> str:
     buffer = io.StringIO()
-    # A distinct salt per figure keeps the SVG element ids unique when several charts share one page.
-    with plt.rc_context({"svg.hashsalt": f"daedalus-{next(_ids)}"}):
-        fig.savefig(buffer, format="svg", bbox_inches="tight")
+    fig.savefig(buffer, format="svg", bbox_inches="tight")
     plt.close(fig)
     text = buffer.getvalue()
-    return text[text.index("<svg") :]  # drop the XML prolog and doctype: the SVG sits inside HTML
+    text = text[text.index("<svg") :]  # drop the XML prolog and doctype: the SVG sits inside HTML
+    text = _METADATA.sub("", text)  # the RDF block names matplotlib.org; the page should reference nothing
+    # Every chart reuses ids (figure_1, glyph defs): prefix them so charts sharing a page stay distinct.
+    prefix = f"c{next(_ids)}-"
+    text = re.sub(r'\bid="([^"]+)"', lambda m: f'id="{prefix}{m.group(1)}"', text)
+    text = re.sub(r'href="#([^"]+)"', lambda m: f'href="#{prefix}{m.group(1)}"', text)
+    return re.sub(r"url\(#([^)]+)\)", lambda m: f"url(#{prefix}{m.group(1)})", text)
 
 
 def gate_intervals(ticket_id: str, gates: list[GateView]) -> Chart | None:
@@ -78,7 +84,7 @@ def gate_intervals(ticket_id: str, gates: list[GateView]) -> Chart | None:
             unit = f" ({gate.unit})" if gate.unit else ""
             ax.set_title(f"{v.gate}: {v.verdict}, {v.rule}"[:110], loc="left", color=colour)
             ax.set_xlabel(f"{v.metric}{unit}")
-            ax.legend(loc="best", fontsize=7, frameon=False)
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
         fig.tight_layout()
         return Chart("intervals", f"Ticket {ticket_id}: each gate's rounds, median and interval", _svg(fig))
 
@@ -98,6 +104,8 @@ def campaign_heatmap(campaign: CampaignView) -> Chart | None:
         fig, ax = plt.subplots(figsize=(6.5, 1.2 + 0.45 * len(rows)))
         cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#d0d7de")
         image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, aspect="auto")
+        low = float(np.nanmin(values)) if not np.all(np.isnan(values)) else 0.0
+        span = (float(np.nanmax(values)) - low) if not np.all(np.isnan(values)) else 1.0
         for i, label in enumerate(rows):
             for j, column in enumerate(columns):
                 cell = campaign.cell(label, column)
@@ -109,8 +117,10 @@ def campaign_heatmap(campaign: CampaignView) -> Chart | None:
                     text = "invalid"
                 else:
                     text = f"{cell.decode_tps:.3g}" + ("" if cell.feasible else "\n(quality)")
+                # dark text on the bright end of viridis, light text on the dark end
+                bright = not np.isnan(values[i, j]) and (values[i, j] - low) > 0.6 * span
                 ax.text(j, i, text, ha="center", va="center", fontsize=7,
-                        color="white" if cell is not None and cell.outcome == "measured" else "black")  # fmt: skip
+                        color="white" if not np.isnan(values[i, j]) and not bright else "black")  # fmt: skip
         ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right")
         ax.set_yticks(range(len(rows)), rows)
         fig.colorbar(image, ax=ax, label="decode tok/s (median)")

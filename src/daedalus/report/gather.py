@@ -27,7 +27,7 @@ from daedalus.store import queries
 from daedalus.store.tables import AuditEventRow, CampaignRow, DecisionRow, TicketRow, VerdictRow
 
 MAX_CURVE_POINTS = 600
-TONES = {
+TONES: dict[str, str] = {
     TicketStatus.PASSED: "pass",
     TicketStatus.CLOSED_UNDER_EXCEPTION: "pass",
     TicketStatus.FAILED: "fail",
@@ -130,8 +130,7 @@ def _cards(
 ) -> list[Card]:
     cards = []
     for view in tickets:
-        status = TicketStatus(view.row.status)
-        tone = TONES.get(status, "wait" if view.row.awaiting else "info")
+        tone = TONES.get(view.row.status, "wait" if view.row.awaiting else "info")
         cards.append(Card(f"Ticket {view.row.ticket_id}: {view.row.title}", view.headline, tone))
     for run in training:
         slope = f", slope {fmt(run.slope, 3)} GiB/h" if run.slope is not None else ""

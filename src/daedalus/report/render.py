@@ -87,12 +87,13 @@ def _cards_html(report: Report) -> str:
 
 
 def _section_html(md: MarkdownIt, section: Section) -> str:
-    figures = "".join(
-        f'<figure class="chart" data-kind="{c.kind}" role="img" aria-label="{html.escape(c.caption)}">'
-        f"{c.svg}<figcaption>{html.escape(c.caption)}</figcaption></figure>"
-        for c in section.charts
+    body = "".join(
+        md.render(part.markdown)
+        + "".join(
+            f'<figure class="chart" data-kind="{c.kind}" role="img" aria-label="{html.escape(c.caption)}">'
+            f"{c.svg}<figcaption>{html.escape(c.caption)}</figcaption></figure>"
+            for c in part.charts
+        )
+        for part in section.parts
     )
-    return (
-        f'<section id="{section.anchor}"><h2>{html.escape(section.title)}</h2>'
-        f"{md.render(section.markdown)}{figures}</section>"
-    )
+    return f'<section id="{section.anchor}"><h2>{html.escape(section.title)}</h2>{body}</section>'

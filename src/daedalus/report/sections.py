@@ -16,11 +16,26 @@ MAX_ROUNDS_SHOWN = 12
 
 
 @dataclass
+class Part:
+    """Markdown and the charts drawn right under it."""
+
+    markdown: str
+    charts: list[Chart] = field(default_factory=list)
+
+
+@dataclass
 class Section:
     anchor: str
     title: str
-    markdown: str
-    charts: list[Chart] = field(default_factory=list)
+    parts: list[Part]
+
+    @property
+    def markdown(self) -> str:
+        return "\n\n".join(p.markdown for p in self.parts if p.markdown)
+
+    @property
+    def charts(self) -> list[Chart]:
+        return [c for p in self.parts for c in p.charts]
 
 
 def cell(text: object) -> str:
@@ -41,16 +56,17 @@ def sections(report: Report, *, with_charts: bool = True) -> list[Section]:
 def _cards(report: Report) -> Section:
     lines = ["| card | state |", "|---|---|"]
     lines += [f"| {cell(c.subject)} | {cell(c.state)} |" for c in report.cards] or ["| - | nothing changed |"]
-    return Section("status", "Status", "\n".join(lines))
+    return Section("status", "Status", [Part("\n".join(lines))])
 
 
 def _tickets(report: Report, with_charts: bool) -> Section:
-    lines: list[str] = []
-    drawn: list[Chart] = []
+    parts: list[Part] = []
     if not report.tickets:
-        lines.append("No ticket changed in this window.")
+        parts.append(Part("No ticket changed in this window."))
 
     def one(view: TicketView, depth: int) -> None:
+        lines: list[str] = []
+        drawn: list[Chart] = []
         t = view.row
         heading = "#" * min(3 + depth, 6)
         parent = f" (child of {t.parent})" if t.parent else ""
@@ -90,7 +106,11 @@ def _tickets(report: Report, with_charts: bool) -> Section:
                     f"| {cell(rounds or '-')} | {cell(g.provenance)} |"
                 )
             reasons = [
-                f"- {cell(g.latest.gate)}: {cell(g.latest.reason)}" for g in view.gates if g.latest.reason
+                f"- {cell(g.latest.reason)}"
+                if g.latest.reason.startswith(g.latest.gate)
+                else f"- {cell(g.latest.gate)}: {cell(g.latest.reason)}"
+                for g in view.gates
+                if g.latest.reason
             ]
             if reasons:
                 lines.extend(["", *reasons])
@@ -98,24 +118,21 @@ def _tickets(report: Report, with_charts: bool) -> Section:
                 chart = charts.gate_intervals(t.ticket_id, view.gates)
                 if chart is not None:
                     drawn.append(chart)
+        parts.append(Part("\n".join(lines).strip(), drawn))
         for child in view.children:
             one(child, depth + 1)
 
     for view in report.tickets:
         one(view, 0)
-    return Section("tickets", "Tickets", "\n".join(lines).strip(), drawn)
+    return Section("tickets", "Tickets", parts)
 
 
 def _campaigns(report: Report, with_charts: bool) -> Section:
-    lines: list[str] = []
-    drawn: list[Chart] = []
+    parts = []
     for campaign in report.campaigns:
-        lines += ["", *_campaign_table(campaign)]
-        if with_charts:
-            chart = charts.campaign_heatmap(campaign)
-            if chart is not None:
-                drawn.append(chart)
-    return Section("campaigns", "Campaigns", "\n".join(lines).strip(), drawn)
+        chart = charts.campaign_heatmap(campaign) if with_charts else None
+        parts.append(Part("\n".join(_campaign_table(campaign)), [chart] if chart is not None else []))
+    return Section("campaigns", "Campaigns", parts)
 
 
 def _campaign_table(campaign: CampaignView) -> list[str]:
@@ -178,7 +195,7 @@ def _training(report: Report, with_charts: bool) -> Section:
             chart = charts.memory_curves(run)
             if chart is not None:
                 drawn.append(chart)
-    return Section("training", "Training runs", "\n".join(lines), drawn)
+    return Section("training", "Training runs", [Part("\n".join(lines), drawn)])
 
 
 def _decisions(report: Report) -> Section:
@@ -194,16 +211,18 @@ def _decisions(report: Report) -> Section:
         f"via {cell(r.channel or '-')}" + (f" — “{cell(r.note)}”" if r.note else "")
         for r in report.decided
     ] or ["- nothing"]
-    return Section("decisions", "Decisions", "\n".join(lines))
+    return Section("decisions", "Decisions", [Part("\n".join(lines))])
 
 
 def _lessons(report: Report) -> Section:
     if not report.lessons:
-        return Section("lessons", "Lessons and traps", "No lesson or trap was recorded in this window.")
+        return Section(
+            "lessons", "Lessons and traps", [Part("No lesson or trap was recorded in this window.")]
+        )
     lines = ["| kind | subject | lesson | source | recorded |", "|---|---|---|---|---|"]
     for lesson in report.lessons:
         lines.append(
             f"| {lesson.kind} | {lesson.subject_kind} {cell(lesson.subject)} | {cell(lesson.text)} "
             f"| {cell(lesson.source or '-')} | {lesson.recorded_at:%Y-%m-%d} |"
         )
-    return Section("lessons", "Lessons and traps", "\n".join(lines))
+    return Section("lessons", "Lessons and traps", [Part("\n".join(lines))])
