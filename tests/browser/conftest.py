@@ -68,9 +68,12 @@ async def browser_context(browser_path: str, tmp_path: Path) -> AsyncIterator[ob
     profile = tmp_path / "chromium-profile"
     async with async_playwright() as p:
         context = await p.chromium.launch_persistent_context(
-            str(profile), executable_path=browser_path, headless=True, args=FLAGS,
+            str(profile),
+            executable_path=browser_path,
+            headless=True,
+            args=FLAGS,
             viewport={"width": 1280, "height": 900},
-        )  # fmt: skip
+        )
         try:
             yield context
         finally:

@@ -35,8 +35,10 @@ def create_app(
 
         client_factory = factory
     assert client_factory is not None
-    # /docs and /redoc serve Swagger UI and ReDoc from the fastapi-offline package: they work with no network.
+    # /docs serves Swagger UI from the fastapi-offline package, so it works with no network. ReDoc is left
+    # off: its page fetches its logo from a CDN (the browser tests caught it).
     app = FastAPIOffline(
+        redoc_url=None,
         title="Daedalus",
         summary="File tickets, answer decisions and read the audit trail of an ML-inference team's work.",
         version="0.1.0",

@@ -23,12 +23,12 @@ def parse_window(text: str) -> timedelta:
     number, unit = text[:-1], text[-1:]
     if unit not in units or not number.isdigit() or int(number) < 1:
         raise HTTPException(
-            status.HTTP_422_UNPROCESSABLE_ENTITY,
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
             f"since={text!r} is not a window; use a number with m, h or d (30m, 24h, 7d)",
         )
     window = timedelta(seconds=int(number) * units[unit])
     if window > MAX_WINDOW:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, f"since={text!r} is longer than 366 days")
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"since={text!r} is longer than 366 days")
     return window
 
 
