@@ -17,14 +17,16 @@ from daedalus.activities.engines import build_engine, run_benchmark, run_quality
 from daedalus.activities.gates import GateActivities
 from daedalus.activities.lessons import LessonActivities
 from daedalus.activities.notify import NotifyActivities
+from daedalus.activities.report import ReportActivities
 from daedalus.activities.training import TrainingActivities
 from daedalus.activities.workspace import Workspace
 from daedalus.schemas.ticket import host_queue
 from daedalus.slack.settings import SlackSettings
+from daedalus.workflows.report_digest import ReportDigestWorkflow
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
 
-WORKFLOWS: Sequence[type] = (TicketWorkflow, TrainingRunWorkflow)
+WORKFLOWS: Sequence[type] = (TicketWorkflow, TrainingRunWorkflow, ReportDigestWorkflow)
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ def control_worker(client: Client, config: WorkerConfig, engine: Engine) -> Work
     slack = config.slack or SlackSettings(bot_token=None, channel=None)
     notify = NotifyActivities(slack, config.artifacts / "slack-posted")
     lessons = LessonActivities(engine)
+    report = ReportActivities(engine, slack, config.artifacts)
     return Worker(
         client,
         task_queue=config.control_queue,
@@ -56,6 +59,7 @@ def control_worker(client: Client, config: WorkerConfig, engine: Engine) -> Work
             notify.notify_decision_request,
             lessons.record_lessons,
             lessons.lessons_for,
+            report.post_report_digest,
         ],
         workflow_failure_exception_types=[Exception] if config.fail_workflows_on_bugs else [],
         max_concurrent_activities=config.max_concurrent_activities,

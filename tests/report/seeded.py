@@ -222,7 +222,9 @@ def fill(engine: Engine, artifacts: Path, now: datetime | None = None) -> dateti
                 "awaiting_decision",
                 "k=4 struck on quality",
             ),
-            ticket=_snapshot("6e", "MTP k=3 search", "awaiting_decision", parent="6", attempts=2, awaiting="wayne"),
+            ticket=_snapshot(
+                "6e", "MTP k=3 search", "awaiting_decision", parent="6", attempts=2, awaiting="wayne"
+            ),
             decision_request=pool,
         ),
     ]

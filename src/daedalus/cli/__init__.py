@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from daedalus.cli import api, demo, engines, lessons, stack, tickets, training
+from daedalus.cli import api, demo, engines, lessons, reports, stack, tickets, training
 from daedalus.logs import configure_logging
 
 app = typer.Typer(
@@ -22,6 +22,7 @@ app.command()(tickets.decide)
 app.command()(tickets.delegate)
 app.command()(tickets.audit)
 app.command()(tickets.report)
+app.command("report-schedule")(reports.report_schedule)
 app.command()(demo.demo)
 tickets.app.command()(tickets.draft)
 app.add_typer(tickets.app, name="ticket")
