@@ -13,6 +13,7 @@ from temporalio.worker import Worker
 from daedalus.activities.attempts import AttemptActivities
 from daedalus.activities.audit import AuditActivities
 from daedalus.activities.builds import BuildActivities
+from daedalus.activities.campaigns import CampaignCellActivities, CampaignStoreActivities
 from daedalus.activities.engines import build_engine, run_benchmark, run_quality_probe
 from daedalus.activities.gates import GateActivities
 from daedalus.activities.lessons import LessonActivities
@@ -22,11 +23,12 @@ from daedalus.activities.training import TrainingActivities
 from daedalus.activities.workspace import Workspace
 from daedalus.schemas.ticket import host_queue
 from daedalus.slack.settings import SlackSettings
+from daedalus.workflows.campaign import CampaignWorkflow
 from daedalus.workflows.report_digest import ReportDigestWorkflow
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
 
-WORKFLOWS: Sequence[type] = (TicketWorkflow, TrainingRunWorkflow, ReportDigestWorkflow)
+WORKFLOWS: Sequence[type] = (TicketWorkflow, TrainingRunWorkflow, ReportDigestWorkflow, CampaignWorkflow)
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ def control_worker(client: Client, config: WorkerConfig, engine: Engine) -> Work
     notify = NotifyActivities(slack, config.artifacts / "slack-posted")
     lessons = LessonActivities(engine)
     report = ReportActivities(engine, slack, config.artifacts)
+    campaigns = CampaignStoreActivities(engine)
     return Worker(
         client,
         task_queue=config.control_queue,
@@ -60,6 +63,7 @@ def control_worker(client: Client, config: WorkerConfig, engine: Engine) -> Work
             lessons.record_lessons,
             lessons.lessons_for,
             report.post_report_digest,
+            campaigns.record_campaign,
         ],
         workflow_failure_exception_types=[Exception] if config.fail_workflows_on_bugs else [],
         max_concurrent_activities=config.max_concurrent_activities,
@@ -75,6 +79,7 @@ def host_worker(client: Client, config: WorkerConfig, host: str) -> Worker:
         GateActivities(workspace),
     )
     training = TrainingActivities(config.artifacts, state_dir=config.workspace_root / host / "training")
+    cells = CampaignCellActivities(config.artifacts)
     return Worker(
         client,
         task_queue=host_queue(host),
@@ -87,6 +92,7 @@ def host_worker(client: Client, config: WorkerConfig, host: str) -> Worker:
             run_quality_probe,
             training.supervise_training,
             training.training_host_report,
+            cells.measure_campaign_cell,
         ],
         max_concurrent_activities=config.max_concurrent_activities,
     )

@@ -348,6 +348,7 @@ def fill(engine: Engine, artifacts: Path, now: datetime | None = None) -> dateti
         status="awaiting_decision",
         at=t + timedelta(minutes=80),
         cells=cells,
+        eligible=[c.cell.key for c in cells if c.outcome is CellOutcome.MEASURED and not c.garbage],
         proposal=Proposal(
             front=[CampaignCell(kv="tq_4bit_nc", context=16384, users=1).key],
             preset="tq_4bit_nc-c16384",

@@ -12,6 +12,7 @@ from daedalus.api.context import Caller, Context, TemporalClient, require_same_p
 from daedalus.api.errors import refusal, within
 from daedalus.api.models import DecisionPublic
 from daedalus.client import TicketError
+from daedalus.schemas.campaigns import CampaignStatus
 from daedalus.schemas.ticket import Decision, TicketState
 from daedalus.schemas.training import TrainingRunStatus
 from daedalus.store import queries
@@ -20,11 +21,11 @@ from daedalus.store.database import session_scope
 router = APIRouter(prefix="/decisions", tags=["decisions"])
 
 
-@router.post("", response_model=TicketState | TrainingRunStatus)
+@router.post("", response_model=TicketState | TrainingRunStatus | CampaignStatus)
 async def decide(
     decision: Decision, caller: Caller, context: Context, client: TemporalClient
-) -> TicketState | TrainingRunStatus:
-    """Answer a decision request (a ticket's, or a training run's escalation). `decided_by` must be the caller; the ticket checks the request id, the
+) -> TicketState | TrainingRunStatus | CampaignStatus:
+    """Answer a decision request (a ticket's, a training run's escalation or a campaign's proposal). `decided_by` must be the caller; the ticket checks the request id, the
     option and the caller's authority before it writes anything (409 with its reason when it refuses)."""
     require_same_person(caller, decision.decided_by, "decided_by")
     decision = decision.model_copy(update={"channel": "api"})

@@ -65,6 +65,10 @@ class QualityConstraints(Model):
     min_needle_fraction: float = Field(default=1.0, ge=0.0, le=1.0)
     max_ppl_delta_pct: float | None = Field(default=None, description="None: perplexity is not probed")
     forbid_garbage: bool = True
+    not_below_baseline: bool = Field(
+        default=True,
+        description="also no fewer needles and no garbage label beyond the baseline KV's in the same cell",
+    )
 
 
 class CampaignSpec(Model):
@@ -86,6 +90,9 @@ class CampaignSpec(Model):
     probe_needle: bool = True
     probe_ppl: bool = False
     constraints: QualityConstraints = Field(default_factory=QualityConstraints)
+    speed_tolerance: float = Field(
+        default=0.05, ge=0.0, lt=1.0, description="presets this close to the fastest count as equally fast"
+    )
     deciders: list[str] = Field(default_factory=lambda: ["wayne"], min_length=1)
     cell_timeout_s: int = Field(default=600, gt=0)
 
@@ -204,6 +211,9 @@ class CampaignRecord(Model):
     at: datetime
     cells: list[CellResult] = Field(default_factory=list)
     proposal: Proposal | None = None
+    eligible: list[str] = Field(
+        default_factory=list, description="cell keys that met the constraints (at close)"
+    )
     provenance: dict[str, str] = Field(default_factory=dict)
 
 

@@ -4,23 +4,8 @@ from __future__ import annotations
 
 from sqlmodel import Session, select
 
-from daedalus.schemas.campaigns import CampaignRecord, CellOutcome, CellResult, QualityConstraints
+from daedalus.schemas.campaigns import CampaignRecord
 from daedalus.store.tables import CampaignCellRow, CampaignRow
-
-
-def eligible(result: CellResult, constraints: QualityConstraints) -> bool:
-    """Whether a measured cell meets the campaign's quality constraints (a crashed one never does)."""
-    if result.outcome is not CellOutcome.MEASURED or result.decode_tps is None:
-        return False
-    if (
-        result.needle_total
-        and (result.needle_found or 0) / result.needle_total < constraints.min_needle_fraction
-    ):
-        return False
-    if constraints.forbid_garbage and result.garbage:
-        return False
-    limit = constraints.max_ppl_delta_pct
-    return limit is None or (result.ppl_delta_pct is not None and result.ppl_delta_pct <= limit)
 
 
 def save(*, session: Session, record: CampaignRecord) -> None:
@@ -59,9 +44,16 @@ def save(*, session: Session, record: CampaignRecord) -> None:
                 campaign_id=record.campaign_id,
                 cell=result.cell.key,
                 axes=result.cell.axes(),
-                feasible=eligible(result, spec.constraints),
+                feasible=result.cell.key in record.eligible,
                 **result.model_dump(exclude={"cell"}),
             )
         )
         stored.add(result.cell.key)
+    if record.proposal is not None:
+        # eligibility is known only when every cell is in (relative constraints compare with the baseline)
+        session.flush()
+        for cell in session.exec(
+            select(CampaignCellRow).where(CampaignCellRow.campaign_id == record.campaign_id)
+        ):
+            cell.feasible = cell.cell in record.eligible
     session.flush()
