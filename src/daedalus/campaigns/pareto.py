@@ -48,7 +48,7 @@ def eligible_cells(spec: CampaignSpec, results: list[CellResult]) -> set[str]:
     out = set()
     for r in results:
         base = by_key.get(r.cell.model_copy(update={"kv": spec.baseline_kv}).key)
-        if cell_ok(r, spec, base if base is not r else None):
+        if cell_ok(r, spec, base):
             out.add(r.cell.key)
     return out
 
