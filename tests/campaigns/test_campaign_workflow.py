@@ -4,6 +4,7 @@ finding, the proposal waits for the decider, and the report shows the matrix."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -11,8 +12,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 from temporalio import activity
-from temporalio.client import Client, WorkflowHandle
-from temporalio.worker import Worker
+from temporalio.client import Client, WorkflowHandle, WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer, Worker
 
 from daedalus import client as tickets
 from daedalus.campaigns.spec import load_campaign
@@ -34,6 +36,17 @@ from daedalus.workflows.campaign import CampaignWorkflow
 from tests.support import running_workers
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "campaigns"
+HISTORIES = Path(__file__).resolve().parents[1] / "histories"
+
+
+@pytest.mark.parametrize("name", ["campaign-adopted.json"])
+async def test_stored_campaign_history_replays(name: str) -> None:
+    history = WorkflowHistory.from_json("campaign", (HISTORIES / name).read_text())
+    await Replayer(workflows=[CampaignWorkflow], data_converter=pydantic_data_converter).replay_workflow(
+        history
+    )
+
+
 measured_cells: list[str] = []
 
 
@@ -121,7 +134,14 @@ async def test_campaign_sweeps_records_a_crash_and_proposes_a_preset(
         )
         assert isinstance(answered, CampaignStatus) and answered.decision == "adopt"
         final = await handle.result()
+        history = await handle.fetch_history()
     assert final.status == "adopted"
+    # the fresh history replays, and is kept (with DAEDALUS_RECORD_HISTORIES=1) for the stored-history test
+    await Replayer(workflows=[CampaignWorkflow], data_converter=pydantic_data_converter).replay_workflow(
+        history
+    )
+    if os.environ.get("DAEDALUS_RECORD_HISTORIES"):
+        (HISTORIES / "campaign-adopted.json").write_text(history.to_json())
     assert measured_cells == [c.key for c in spec.cells()], "cells are measured one by one, in order"
     with session_scope(sqlite_engine) as session:
         row = session.get(CampaignRow, spec.id)

@@ -66,6 +66,12 @@ def cell_preset(spec: CampaignSpec, cell: CampaignCell) -> LlamaCppPreset | Vllm
     )
 
 
+def needle_lengths(context: int) -> tuple[int, int]:
+    """Haystacks that fit one user's context: about 3 tokens a word with the tiny models' vocabulary, plus the
+    question, so a quarter and an eighth of the context in words."""
+    return max(16, context // 12), max(32, context // 6)
+
+
 def model_path(spec: CampaignSpec) -> Path:
     return ensure_model(spec.model) if spec.model in MODELS else Path(spec.model).expanduser()
 
@@ -146,7 +152,7 @@ async def measure_cell(
             # the needle probe `engines.measure` runs for a gate, called directly to keep the answers
             build = await ensure_build() if isinstance(preset, LlamaCppPreset) else None
             async with launched(preset, model, workdir / "needle", build=build) as server:
-                needle = await needle_probe(server)
+                needle = await needle_probe(server, lengths=needle_lengths(cell.context))
             low, _ = clopper_pearson(needle.found, needle.total)
             result.update(needle_found=needle.found, needle_total=needle.total, needle_lower=low)
             # the garbage detectors name what is wrong with the answers: digit soup, repetition, fragments
@@ -167,11 +173,13 @@ async def measure_cell(
         elif spec.probe_ppl:
             result["ppl_delta_pct"] = 0.0  # the baseline against itself
     except EngineError as error:
-        # decode ran, a probe's server died: the cell crashed under the probe, with what was measured so far
+        # decode ran, then a probe broke. A refused request (the server answered 4xx) is a broken measurement;
+        # a server that died under the probe is the cell's crash, kept with what was measured so far.
+        refused = " answered 4" in str(error)
         return CellResult(
             **base,
-            outcome=CellOutcome.CRASHED,
-            detail=f"a quality probe crashed: {error}"[:300],
+            outcome=CellOutcome.INVALID if refused else CellOutcome.CRASHED,
+            detail=f"a quality probe {'was refused' if refused else 'crashed'}: {error}"[:300],
             evidence={**evidence, "log_tail": _log_tail(workdir)},
             measured_at=datetime.now(UTC),
             **result,

@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from daedalus.cli import api, demo, engines, lessons, reports, stack, tickets, training
+from daedalus.cli import api, campaigns, demo, engines, lessons, reports, stack, tickets, training
 from daedalus.logs import configure_logging
 
 app = typer.Typer(
@@ -30,6 +30,7 @@ app.add_typer(engines.app, name="engine")
 app.add_typer(training.app, name="train")
 app.add_typer(api.app, name="api")
 app.add_typer(lessons.app, name="lessons")
+app.add_typer(campaigns.app, name="campaign")
 
 
 def main() -> None:

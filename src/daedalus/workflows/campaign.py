@@ -133,17 +133,19 @@ class CampaignWorkflow:
             await self._store(spec, control, [], proposal=proposal, eligible=eligible)
             await self._audit(spec.id, control, AuditKind.CLOSED, f"no proposal: {proposal.reason}")
             return self.status()
-        self.state = "awaiting_decision"
+        # the request is in the store (and Slack) before the status query says a decision is awaited
+        self.state = "proposing"
         self.request = adoption_request(
             spec, proposal, at=workflow.now(), cells=len(self.cells), crashed=crashed
         )
-        await self._store(spec, control, [], proposal=proposal, eligible=eligible)
+        await self._store(spec, control, [], proposal=proposal, eligible=eligible, status="awaiting_decision")
         await self._audit(
             spec.id,
             control,
             AuditKind.DECISION_REQUESTED,
             self.request.question,
             decision_request=self.request,
+            status="awaiting_decision",
         )
         await workflow.execute_activity(
             "notify_decision_request",
@@ -153,6 +155,7 @@ class CampaignWorkflow:
             start_to_close_timeout=timedelta(seconds=30),
             retry_policy=RetryPolicy(maximum_attempts=3),
         )
+        self.state = "awaiting_decision"
         await workflow.wait_condition(lambda: self.answer is not None)
         assert self.answer is not None
         self.state = "adopted" if self.answer.option == ADOPT else "rejected"
@@ -177,11 +180,12 @@ class CampaignWorkflow:
         proposal: Proposal | None = None,
         eligible: set[str] | None = None,
         provenance: dict[str, str] | None = None,
+        status: str | None = None,
     ) -> None:
         record = CampaignRecord(
             campaign_id=self.spec_id,
             spec=spec,
-            status=self.state,
+            status=status or self.state,
             at=workflow.now(),
             cells=cells,
             proposal=proposal,
@@ -202,6 +206,7 @@ class CampaignWorkflow:
         actor: str = "daedalus",
         decision_request: DecisionRequest | None = None,
         decision: Decision | None = None,
+        status: str | None = None,
     ) -> None:
         self.seq += 1
         info = workflow.info()
@@ -214,7 +219,7 @@ class CampaignWorkflow:
                 kind=kind,
                 actor=actor.lower(),
                 at=workflow.now(),
-                status=self.state,
+                status=status or self.state,
                 summary=summary,
             ),
             decision_request=decision_request,
