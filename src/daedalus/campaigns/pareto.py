@@ -3,8 +3,9 @@
 Pure functions (the workflow calls them). A preset is one (KV type, context, k) row of cells across the user
 counts; it is eligible only when every one of its cells was measured and met the constraints, so a preset that
 crashed at some user count (the wall) is never proposed. On the front (more decode tok/s at its worst user count,
-fewer KiB/token, more context: none dominated), the pick is the smallest KiB/token among presets within
-`speed_tolerance` of the front's fastest — the seed's "speed is neutral to KV dtype, so take the smallest KV".
+fewer KiB/token, more context: none dominated), the pick is the smallest KiB/token among the presets not shown
+slower than the front's fastest — whose decode interval reaches within `speed_tolerance` of the fastest median —
+the seed's "speed is neutral to KV dtype (earlier gaps were noise), so take the smallest KV".
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def eligible_cells(spec: CampaignSpec, results: list[CellResult]) -> set[str]:
 class PresetScore:
     preset: str
     worst_tps: float
+    worst_high: float
     kib_per_token: float
     context: int
     cells: tuple[str, ...]
@@ -78,10 +80,12 @@ def propose(spec: CampaignSpec, results: list[CellResult]) -> tuple[Proposal, se
         if not all(c.cell.key in eligible for c in cells):
             continue
         kibs = sorted(c.kib_per_token for c in cells if c.kib_per_token is not None)
+        worst = min(cells, key=lambda c: c.decode_tps or 0.0)
         scores.append(
             PresetScore(
                 preset=preset,
-                worst_tps=min(c.decode_tps or 0.0 for c in cells),
+                worst_tps=worst.decode_tps or 0.0,
+                worst_high=worst.ci_high if worst.ci_high is not None else (worst.decode_tps or 0.0),
                 # unmeasured footprint (vLLM reads it from its log) ranks as unknown, i.e. last
                 kib_per_token=kibs[len(kibs) // 2] if kibs else float("inf"),
                 context=cells[0].cell.context,
@@ -95,13 +99,13 @@ def propose(spec: CampaignSpec, results: list[CellResult]) -> tuple[Proposal, se
         ), eligible
     front = [s for s in scores if not any(o.dominates(s) for o in scores)]
     fastest = max(s.worst_tps for s in front)
-    near = [s for s in front if s.worst_tps >= fastest * (1 - spec.speed_tolerance)]
+    near = [s for s in front if s.worst_high >= fastest * (1 - spec.speed_tolerance)]
     pick = min(near, key=lambda s: (s.kib_per_token, -s.worst_tps, -s.context))
     reason = (
         f"{pick.preset}: {pick.worst_tps:.4g} tok/s at its worst user count, "
         + (f"{pick.kib_per_token:.4g} KiB/token, " if pick.kib_per_token != float("inf") else "")
-        + f"context {pick.context}; smallest KV within {spec.speed_tolerance:.0%} of the front's fastest "
-        f"({fastest:.4g} tok/s); front: {', '.join(s.preset for s in front)}; "
+        + f"context {pick.context}; smallest KV among {len(near)} presets not shown slower than the front's "
+        f"fastest ({fastest:.4g} tok/s; interval within {spec.speed_tolerance:.0%}); front: {', '.join(s.preset for s in front)}; "
         f"{len(scores)} of {len(by_preset)} presets eligible, {crashed} cells crashed"
     )
     return Proposal(
