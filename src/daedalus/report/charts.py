@@ -52,6 +52,11 @@ def _svg(fig: plt.Figure) -> str:
     return re.sub(r"url\(#([^)]+)\)", lambda m: f"url(#{prefix}{m.group(1)})", text)
 
 
+def _figure(value: float) -> str:
+    """1234 -> "1,234", 56.04 -> "56", 3.14159 -> "3.14": no exponents in a cell label."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
 def gate_intervals(ticket_id: str, gates: list[GateView]) -> Chart | None:
     """Each gate's raw rounds, median and interval against its threshold, one panel per gate."""
     drawn = [g for g in gates if g.latest.samples]
@@ -116,7 +121,7 @@ def campaign_heatmap(campaign: CampaignView) -> Chart | None:
                 elif cell.outcome == "invalid" or cell.decode_tps is None:
                     text = "invalid"
                 else:
-                    text = f"{cell.decode_tps:.3g}" + ("" if cell.feasible else "\n(quality)")
+                    text = _figure(cell.decode_tps) + ("" if cell.feasible else "\n(quality)")
                 # dark text on the bright end of viridis, light text on the dark end
                 bright = not np.isnan(values[i, j]) and (values[i, j] - low) > 0.6 * span
                 ax.text(j, i, text, ha="center", va="center", fontsize=7,
