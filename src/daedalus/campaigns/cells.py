@@ -29,7 +29,7 @@ QUANTIZED_V_NEEDS_FLASH_ATTN = ("f16", "f32", "bf16")
 # The decode figure is judged by the gates' rules against no threshold: the verdict says whether the
 # measurement is valid and whether its interval could be computed, never PASS/FAIL on speed.
 DECODE_GATE = GateSpec(
-    name="campaign decode", metric=Metric.DECODE_TPS, op=">=", threshold=0.0, command="campaign"
+    name="campaign-decode", metric=Metric.DECODE_TPS, op=">=", threshold=0.0, command="campaign"
 )
 
 
