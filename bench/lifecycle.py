@@ -6,7 +6,7 @@
     against a bare workflow running the same number of trivial activities on the same queues: same server, same
     worker process, batches interleaved. The ratio is what TicketWorkflow's own logic costs (goal <= 1.3x).
 (b) 1,000 tickets parked awaiting dispatch approval: the worker process's RSS, then `decide` updates spread over them
-    (through `daedalus.client.decide`, one at a time, each approved ticket run to its end before the next decision
+    (through `daedalus.services.decide`, one at a time, each approved ticket run to its end before the next decision
     so that the round trip is not measured against the backlog of earlier approvals) and its round trip p50/p99
     (goal p99 <= 100 ms).
 

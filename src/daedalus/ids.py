@@ -1,6 +1,6 @@
 """Workflow ids and task-queue names, made here and nowhere else.
 
-A ticket lives as workflow `ticket-<id>`, a training run as `training-<name>`; the control queue runs the
+A ticket lives as workflow `ticket-<id>`, a training run as `training-<name>`, a campaign as `campaign-<id>`; the control queue runs the
 workflows and the activities that touch the network or the store, and `host-<name>` the ones that touch a host.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 CONTROL_QUEUE = "daedalus-control"
 TICKET_PREFIX = "ticket-"
 TRAINING_PREFIX = "training-"
+CAMPAIGN_PREFIX = "campaign-"
 HOST_QUEUE_PREFIX = "host-"
 
 
@@ -19,6 +20,11 @@ def ticket_workflow_id(ticket_id: str) -> str:
 def training_workflow_id(name: str) -> str:
     """A run's workflow id, which is also its audit subject."""
     return f"{TRAINING_PREFIX}{name}"
+
+
+def campaign_workflow_id(campaign_id: str) -> str:
+    """A campaign's workflow id, which is also its audit subject."""
+    return f"{CAMPAIGN_PREFIX}{campaign_id}"
 
 
 def host_queue(host: str) -> str:

@@ -10,14 +10,13 @@ from typing import Annotated
 
 import typer
 from pydantic import ValidationError
-from rich.markup import escape
 from rich.table import Table
 
 from daedalus import services
 from daedalus.cli._common import client, console, fail, run
 from daedalus.config import Settings
 from daedalus.decisions.schemas import Decision, TrainingRunSubject
-from daedalus.schemas.ticket import TicketState
+from daedalus.escaping import for_terminal as shown
 from daedalus.schemas.training import StopTraining, TrainingRunStatus
 
 app = typer.Typer(help="Training runs supervised by the watchdog.", no_args_is_help=True)
@@ -33,11 +32,11 @@ def start(file: Annotated[Path, typer.Option("-f", "--file", help="run.yaml")]) 
         return handle.id, spec.host
 
     workflow_id, host = run(go())
-    console.print(f"started {workflow_id} on host {host}")
+    console.print(shown(f"started {workflow_id} on host {host}"))
 
 
 def render_status(status: TrainingRunStatus) -> Table:
-    table = Table(title=f"training run {status.name} on {status.host}", show_header=False)
+    table = Table(title=shown(f"training run {status.name} on {status.host}"), show_header=False)
     mem = status.memory_now
     rows = [
         ("state", status.state.value),
@@ -57,7 +56,7 @@ def render_status(status: TrainingRunStatus) -> Table:
         ("host", status.host_report.summary() if status.host_report else "-"),
     ]
     for key, value in rows:
-        table.add_row(key, escape(value))
+        table.add_row(key, shown(value))
     return table
 
 
@@ -79,7 +78,7 @@ def stop(
         return await services.stop_run(await client(), name, StopTraining(requested_by=by, reason=reason))
 
     result = run(go())
-    console.print(f"stopping {name} (incarnation {result.incarnation})")
+    console.print(shown(f"stopping {name} (incarnation {result.incarnation})"))
 
 
 @app.command()
@@ -91,7 +90,7 @@ def decide(
 ) -> None:
     """Answer a run's pending escalation (after its third death): restart from the checkpoint, or stop."""
 
-    async def answer() -> TrainingRunStatus | TicketState:
+    async def answer() -> TrainingRunStatus:
         temporal = await client()
         request = (await services.run_status(temporal, name)).pending_decision
         if request is None:
@@ -101,12 +100,15 @@ def decide(
                 request_id=request.id, option=option, decided_by=who, note=note, channel="cli"
             )
         except ValidationError as exc:
-            fail(escape("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())))
-        return await services.decide(temporal, decision, subject=TrainingRunSubject(run=name))
+            fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+        decided = await services.decide(temporal, decision, subject=TrainingRunSubject(run=name))
+        assert isinstance(decided, TrainingRunStatus), (
+            "a training run's decide update answers with its status"
+        )
+        return decided
 
     result = run(answer())
-    state = result.state.value if isinstance(result, TrainingRunStatus) else result.status.value
-    console.print(f"{who} chose {option!r} for training run {name}; it is {state}")
+    console.print(shown(f"{who} chose {option!r} for training run {name}; it is {result.state.value}"))
 
 
 def _status(name: str) -> TrainingRunStatus:
@@ -118,16 +120,16 @@ def _status(name: str) -> TrainingRunStatus:
 
 def render_history(status: TrainingRunStatus) -> Table:
     """The seed's table: run, outcome, cause / fix (the fix is the decider's note that followed, if any)."""
-    table = Table(title=f"training run {status.name}: deaths")
+    table = Table(title=shown(f"training run {status.name}: deaths"))
     for column in ("run", "outcome", "lived", "cause / fix", "evidence"):
         table.add_column(column)
     for death in status.deaths:
         table.add_row(
-            death.id,
+            shown(death.id),
             death.death_class.value,
             f"{death.lifetime_s / 60:.1f} min",
-            escape(death.summary),
-            escape(f"{death.curve_path or '-'}\n{death.log_tail_path or '-'}"),
+            shown(death.summary),
+            shown(f"{death.curve_path or '-'}\n{death.log_tail_path or '-'}"),
         )
     if status.state.value in ("running", "starting", "restarting"):
         table.add_row(f"{status.name}#{status.incarnation}", status.state.value, "-", "-", "-")

@@ -13,8 +13,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from daedalus.ids import ticket_workflow_id, training_workflow_id
-from daedalus.schemas._base import Model
+from daedalus.ids import campaign_workflow_id, ticket_workflow_id, training_workflow_id
+from daedalus.schemas._base import Model, SpecModel
+from daedalus.schemas.limits import Note
 
 PERSON_PATTERN = r"^[a-z][a-z0-9_.-]{0,31}$"
 
@@ -91,8 +92,21 @@ class TrainingRunSubject(Model):
         return f"training run {self.run}"
 
 
-DecisionSubject = Annotated[TicketSubject | TrainingRunSubject, Field(discriminator="kind")]
-"""What a decision is about; its workflow answers the `decide` update. GPU leases and campaigns come next."""
+class CampaignSubject(Model):
+    kind: Literal["campaign"] = "campaign"
+    campaign: str
+
+    @property
+    def workflow_id(self) -> str:
+        return campaign_workflow_id(self.campaign)
+
+    @property
+    def label(self) -> str:
+        return f"campaign {self.campaign}"
+
+
+DecisionSubject = Annotated[TicketSubject | TrainingRunSubject | CampaignSubject, Field(discriminator="kind")]
+"""What a decision is about; its workflow answers the `decide` update."""
 
 
 class DecisionRequest(Model):
@@ -131,19 +145,19 @@ class DecisionRequest(Model):
         return refusal(self, decision, label=subject)
 
 
-class Decision(Model):
-    """An answer to a DecisionRequest, from any channel (CLI, HTTP, Slack, bot)."""
+class Decision(SpecModel):
+    """An answer to a DecisionRequest, from any channel (CLI, HTTP, Slack, bot); bounded where it enters."""
 
-    request_id: str = Field(min_length=1)
+    request_id: str = Field(min_length=1, max_length=200)
     option: str = Field(
-        min_length=1, description="one of the request's options; the `decide` validator checks"
+        min_length=1, max_length=64, description="one of the request's options; the `decide` validator checks"
     )
     decided_by: str = Field(min_length=1, pattern=PERSON_PATTERN)
     channel: Channel = Channel.CLI
-    note: str = ""
+    note: Note = ""
 
 
-class Delegation(Model):
+class Delegation(SpecModel):
     """A decider lets `delegate` decide one kind of decision ("the lead may dispatch on my behalf")."""
 
     granted_by: str = Field(pattern=PERSON_PATTERN)

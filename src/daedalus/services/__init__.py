@@ -8,10 +8,12 @@ from daedalus.services.decisions import decide as decide
 from daedalus.services.tickets import amend as amend
 from daedalus.services.tickets import cancel as cancel
 from daedalus.services.tickets import delegate as delegate
+from daedalus.services.tickets import descendants as descendants
 from daedalus.services.tickets import explain as explain
 from daedalus.services.tickets import file_ticket as file_ticket
 from daedalus.services.tickets import load_spec as load_spec
 from daedalus.services.tickets import parse_spec as parse_spec
+from daedalus.services.tickets import require_known_hosts as require_known_hosts
 from daedalus.services.tickets import require_workable as require_workable
 from daedalus.services.tickets import status as status
 from daedalus.services.training import load_run_spec as load_run_spec

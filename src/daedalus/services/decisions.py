@@ -1,4 +1,4 @@
-"""Decisions: answer a pending request of any subject (ticket, training run) through its `decide` update.
+"""Decisions: answer a pending request of any subject (ticket, training run, campaign) through its `decide` update.
 
 A decision finds its workflow by the request's subject, never by parsing the request id: a caller that holds
 the request passes its subject; otherwise the store says which subject asked it (the desk records the subject
@@ -16,12 +16,20 @@ from sqlalchemy import Engine
 from temporalio.client import Client
 
 from daedalus.decisions.authority import AuthorityPolicy, refusal
-from daedalus.decisions.schemas import Decision, DecisionSubject, TicketSubject, TrainingRunSubject
+from daedalus.decisions.schemas import (
+    CampaignSubject,
+    Decision,
+    DecisionSubject,
+    TicketSubject,
+    TrainingRunSubject,
+)
+from daedalus.schemas.campaigns import CampaignStatus
 from daedalus.schemas.ticket import TicketState
 from daedalus.schemas.training import TrainingRunStatus
 from daedalus.services._temporal import TicketError, UnknownRequest, update
 from daedalus.store import queries
 from daedalus.store.database import session_scope
+from daedalus.workflows.campaign import CampaignWorkflow
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
 
@@ -38,7 +46,7 @@ async def subject_of(request_id: str, *, store: Engine) -> DecisionSubject:
     found = await asyncio.to_thread(read)
     if found is None:
         raise UnknownRequest(
-            f"unknown decision request {request_id!r}: no ticket or training run asked it; "
+            f"unknown decision request {request_id!r}: no ticket, training run or campaign asked it; "
             f"`daedalus ticket show ID` or `GET /decisions?pending=true` lists the pending ones"
         )
     try:
@@ -56,7 +64,7 @@ async def decide(
     subject: DecisionSubject | None = None,
     store: Engine | None = None,
     policy: AuthorityPolicy | None = None,
-) -> TicketState | TrainingRunStatus:
+) -> TicketState | TrainingRunStatus | CampaignStatus:
     """Answer a pending decision through its subject's `decide` update, whose validator checks the request
     id, the option and the decider's authority before anything is written."""
     if subject is None:
@@ -78,6 +86,11 @@ async def decide(
                 client, subject.workflow_id, subject.label, TrainingRunWorkflow.decide, decision
             )
             return status
+        case CampaignSubject():
+            campaign: CampaignStatus = await update(
+                client, subject.workflow_id, subject.label, CampaignWorkflow.decide, decision
+            )
+            return campaign
         case _:
             assert_never(subject)
 
@@ -92,6 +105,8 @@ async def _check_policy(
             request = (await handle.query(TicketWorkflow.state)).pending_decision
         case TrainingRunSubject():
             request = (await handle.query(TrainingRunWorkflow.status)).pending_decision
+        case CampaignSubject():
+            request = await handle.query(CampaignWorkflow.pending_decision)
         case _:
             assert_never(subject)
     why = refusal(request, decision, policy) if request is not None else None
