@@ -9,6 +9,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from daedalus.decisions.authority import refusal
 from daedalus.decisions.schemas import (
+    CampaignSubject,
     Decision,
     DecisionKind,
     DecisionRequest,
@@ -95,9 +96,12 @@ def test_a_channel_outside_the_known_ones_is_refused_at_the_boundary() -> None:
         answer(channel="carrier-pigeon")
 
 
-def test_a_workflow_not_yet_on_the_desk_gets_the_same_check_with_its_own_label() -> None:
-    plain = request().model_copy(update={"subject": None})
-    assert plain.refusal(answer(decided_by="mallory"), "campaign c1") == (
+def test_a_campaign_subject_routes_to_its_workflow_and_labels_refusals() -> None:
+    adapter: TypeAdapter[DecisionSubject] = TypeAdapter(DecisionSubject)
+    campaign = adapter.validate_json(CampaignSubject(campaign="c1").model_dump_json())
+    assert campaign == CampaignSubject(campaign="c1") and campaign.workflow_id == "campaign-c1"
+    asked = request().model_copy(update={"subject": campaign})
+    assert refusal(asked, answer(decided_by="mallory"), label=campaign.label) == (
         "mallory may not decide dispatch for campaign c1; allowed: ['wayne', 'lead']"
     )
-    assert plain.refusal(answer(), "campaign c1") is None
+    assert refusal(asked, answer(), label=campaign.label) is None

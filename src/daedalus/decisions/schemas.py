@@ -137,13 +137,6 @@ class DecisionRequest(Model):
     def subject_label(self) -> str:
         return self.subject.label if self.subject is not None else f"ticket {self.ticket_id}"
 
-    def refusal(self, decision: Decision, subject: str) -> str | None:
-        """The desk's authority check, for a workflow that asks without the desk (main's CampaignWorkflow,
-        until it moves onto the desk): `subject` names what is decided in the message."""
-        from daedalus.decisions.authority import refusal  # the check imports these schemas
-
-        return refusal(self, decision, label=subject)
-
 
 class Decision(SpecModel):
     """An answer to a DecisionRequest, from any channel (CLI, HTTP, Slack, bot); bounded where it enters."""

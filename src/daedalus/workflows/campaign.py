@@ -16,6 +16,7 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from daedalus.campaigns.decision import ADOPT, adoption_request
     from daedalus.campaigns.pareto import propose
+    from daedalus.decisions.authority import refusal
     from daedalus.decisions.schemas import Decision, DecisionRequest
     from daedalus.ids import host_queue
     from daedalus.schemas.audit import AuditEvent, AuditKind, AuditRecord
@@ -74,9 +75,9 @@ class CampaignWorkflow:
     def _validate_decide(self, decision: Decision) -> None:
         if self.request is None or self.answer is not None:
             raise ValueError(f"campaign {self.spec_id} is not waiting for a decision ({self.state})")
-        refusal = self.request.refusal(decision, f"campaign {self.spec_id}")
-        if refusal is not None:
-            raise ValueError(refusal)
+        why = refusal(self.request, decision, label=f"campaign {self.spec_id}")
+        if why is not None:
+            raise ValueError(why)
 
     @workflow.run
     async def run(self, request: CampaignInput) -> CampaignStatus:
