@@ -173,10 +173,12 @@ class RoundResult(Model):
 
 
 class Summary(Model):
+    """A series' median and its order-statistic interval (None below the rounds the confidence needs)."""
+
     n: int
     median: float
-    ci_low: float
-    ci_high: float
+    ci_low: float | None
+    ci_high: float | None
     cv: float
 
 
