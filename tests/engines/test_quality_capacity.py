@@ -81,10 +81,12 @@ async def test_kib_per_token_by_difference_and_compression(llama_build: LlamaBui
         tmp_path,
         llama_build,
         baseline=_preset("local-f16"),
-        contexts=(1024, 8192),
+        contexts=(1024, 4096, 8192),
     )
     expected_f16 = model_kv_bytes_per_token("medium") / 1024  # 8 KiB/token for the medium model
     assert result.baseline_kib_per_token == pytest.approx(expected_f16, rel=0.15)
+    # The slope comes with its fit error (3 contexts: 1 residual degree of freedom).
+    assert result.fit_dof == 1 and result.kib_per_token_se is not None and result.compression_se is not None
     # q8_0 stores 34 bytes per 32 values: 1.88x smaller than f16.
     assert result.compression == pytest.approx(2 / (34 / 32), rel=0.15)
     assert result.kib_per_token_reported == pytest.approx(expected_f16 * 34 / 64, rel=0.02)

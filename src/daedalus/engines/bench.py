@@ -9,26 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import httpx
 import structlog
 from rich.progress import Progress
 
-from daedalus.engines.base import Server, ServerDied
+from daedalus.engines.base import Server
 from daedalus.engines.metrics import counter
+from daedalus.engines.process import EngineError
 from daedalus.engines.tiny_model import _WORDS
 from daedalus.gates.statistics import summarize
 from daedalus.schemas.engines import (
     BenchResult,
     ConcurrencyResult,
-    RequestSample,
     RoundResult,
     Summary,
     Workload,
@@ -46,134 +45,46 @@ def make_prompt(words: int, *, seed: int, round_no: int, user: int, side: str) -
     return " ".join(rng.choice(_WORDS) for _ in range(words))
 
 
-async def _sse_events(response: httpx.Response) -> AsyncIterator[dict[str, object]]:
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == "[DONE]":
-            return
-        yield json.loads(payload)
-
-
-async def stream_completion(
-    client: httpx.AsyncClient,
-    base_url: str,
-    *,
-    model: str,
-    prompt: str,
-    max_tokens: int,
-    seed: int,
-    user: int,
-    extra: dict[str, object],
-) -> RequestSample:
-    """One streamed /v1/completions request at temperature 0 with ignore_eos, timed from the client."""
-    body: dict[str, object] = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-        "seed": seed,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "ignore_eos": True,
-        **extra,
-    }
-    start = time.perf_counter()
-    first: float | None = None
-    chunks = 0
-    text: list[str] = []
-    usage_tokens: int | None = None
-    timings: dict[str, float] = {}
-    try:
-        async with client.stream("POST", base_url + "/v1/completions", json=body) as response:
-            if response.status_code != 200:
-                detail = (await response.aread()).decode(errors="replace")[:300]
-                return RequestSample(user=user, ok=False, error=f"HTTP {response.status_code}: {detail}")
-            async for event in _sse_events(response):
-                choices = event.get("choices") or []
-                if isinstance(choices, list) and choices:
-                    piece = choices[0].get("text") or ""
-                    if piece:
-                        chunks += 1
-                        text.append(piece)
-                        if first is None:
-                            first = time.perf_counter()
-                usage = event.get("usage")
-                if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
-                    usage_tokens = int(usage["completion_tokens"])
-                raw_timings = event.get("timings")
-                if isinstance(raw_timings, dict):
-                    timings = {k: float(v) for k, v in raw_timings.items() if isinstance(v, int | float)}
-    except (httpx.HTTPError, json.JSONDecodeError) as exc:
-        return RequestSample(user=user, ok=False, error=f"{type(exc).__name__}: {exc}")
-    end = time.perf_counter()
-    tokens = usage_tokens if usage_tokens is not None else int(timings.get("predicted_n", 0))
-    e2e_ms = (end - start) * 1000
-    ttft_ms = (first - start) * 1000 if first is not None else None
-    tpot_ms = (e2e_ms - ttft_ms) / (tokens - 1) if ttft_ms is not None and tokens > 1 else None
-    prompt_ms = timings.get("prompt_ms")
-    prompt_n = timings.get("prompt_n")
-    return RequestSample(
-        user=user,
-        ok=first is not None,
-        error=None if first is not None else "no content chunk was streamed",
-        ttft_ms=ttft_ms,
-        e2e_ms=e2e_ms,
-        tpot_ms=tpot_ms,
-        completion_tokens=tokens,
-        content_chunks=chunks,
-        client_decode_tps=1000.0 / tpot_ms if tpot_ms else None,
-        server_decode_tps=timings.get("predicted_per_second"),
-        server_prompt_ms=prompt_ms,
-        server_prompt_tps=(prompt_n / prompt_ms * 1000) if prompt_ms and prompt_n else None,
-        server_predicted_n=int(timings["predicted_n"]) if "predicted_n" in timings else None,
-        text="".join(text),
-    )
-
-
 @dataclass
 class Side:
     """One side of a benchmark (the candidate, or the A/B baseline) on its own launched server."""
 
     name: str
     server: Server
-    model_name: str = "default"
     rounds: list[RoundResult] = field(default_factory=list)
     peak_deferred: float = 0.0
     cached_before: float = 0.0
     preempted_before: float = 0.0
 
 
-def request_extras(side: Side) -> dict[str, object]:
-    # llama.cpp reuses a common prompt prefix (even the BOS token) unless told not to; a benchmark must not.
-    from daedalus.engines.llama_cpp import LlamaCppAdapter
-
-    return {"cache_prompt": False} if isinstance(side.server.adapter, LlamaCppAdapter) else {}
-
-
 async def run_round(
-    client: httpx.AsyncClient, side: Side, workload: Workload, users: int, round_no: int, warmup: bool
+    side: Side, workload: Workload, users: int, round_no: int, warmup: bool, executor: Executor | None = None
 ) -> RoundResult:
+    """One round: `users` streamed requests at once, each on its own thread (see engines/openai_api.py)."""
     side.server.check_alive()
+    api = side.server.endpoint(workload.request_timeout_s)
+    await api.served_model()
+    own = executor is None
+    pool = executor or ThreadPoolExecutor(max_workers=users, thread_name_prefix="bench-user")
     started = time.perf_counter()
-    requests = await asyncio.gather(
-        *(
-            stream_completion(
-                client,
-                side.server.base_url,
-                model=side.model_name,
-                prompt=make_prompt(
-                    workload.prompt_words, seed=workload.seed, round_no=round_no, user=u, side=side.name
-                ),
-                max_tokens=workload.max_tokens,
-                seed=workload.seed,
-                user=u,
-                extra=request_extras(side),
+    try:
+        requests = await asyncio.gather(
+            *(
+                api.stream_completion(
+                    make_prompt(
+                        workload.prompt_words, seed=workload.seed, round_no=round_no, user=u, side=side.name
+                    ),
+                    max_tokens=workload.max_tokens,
+                    seed=workload.seed,
+                    user=u,
+                    executor=pool,
+                )
+                for u in range(users)
             )
-            for u in range(users)
         )
-    )
+    finally:
+        if own:
+            pool.shutdown(wait=False)
     wall = time.perf_counter() - started
     return RoundResult(
         round=round_no, users=users, preset=side.name, warmup=warmup, wall_s=wall, requests=list(requests)
@@ -227,7 +138,7 @@ async def _watch_deferred(sides: Sequence[Side], stop: asyncio.Event) -> None:
     """llama.cpp has no preemption; a request deferred for want of a slot is the equivalent failure."""
     while not stop.is_set():
         for side in sides:
-            with contextlib.suppress(httpx.HTTPError):
+            with contextlib.suppress(EngineError):
                 values = await side.server.metrics()
                 side.peak_deferred = max(side.peak_deferred, values.get("llamacpp:requests_deferred", 0.0))
         with contextlib.suppress(TimeoutError):
@@ -271,11 +182,9 @@ async def benchmark(
     show = sys.stderr.isatty() if show_progress is None else show_progress
     stop = asyncio.Event()
     watcher: asyncio.Task[None] | None = None
-    limits = httpx.Limits(max_connections=max(workload.users) * 2 + 4)
-    timeout = httpx.Timeout(workload.request_timeout_s, connect=10.0)
     with Progress(disable=not show, transient=True) as bar:
         task = bar.add_task(f"bench {candidate.name}", total=total)
-        async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        with ThreadPoolExecutor(max_workers=max(workload.users), thread_name_prefix="bench-user") as pool:
             try:
                 for side in sides:
                     side.cached_before, side.preempted_before = await _counters(side)
@@ -287,14 +196,12 @@ async def benchmark(
                         # Alternate which side goes first so neither always runs on a warmer machine.
                         order = sides if round_no % 2 == 0 else list(reversed(sides))
                         for side in order:
-                            side.rounds.append(
-                                await run_round(client, side, workload, users, round_no, warmup)
-                            )
+                            side.rounds.append(await run_round(side, workload, users, round_no, warmup, pool))
                             done += 1
                             bar.update(task, completed=done)
                             if on_progress is not None:
                                 on_progress(done, total, f"{side.name} users={users} round={round_no}")
-            except (ServerDied, httpx.HTTPError) as exc:
+            except EngineError as exc:
                 invalid.append(f"the run broke: {exc}")
             finally:
                 stop.set()
@@ -321,7 +228,7 @@ async def benchmark(
     preemptions = cached = 0
     alive = [s for s in sides if s.server.process.returncode() is None]
     for side in alive:
-        with contextlib.suppress(httpx.HTTPError):
+        with contextlib.suppress(EngineError):
             cached_after, preempted_after = await _counters(side)
             cached += int(cached_after - side.cached_before)
             preemptions += int(preempted_after - side.preempted_before)

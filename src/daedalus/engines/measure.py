@@ -27,7 +27,14 @@ from daedalus.engines.quality import needle_probe, perplexity_delta, temp0_ident
 from daedalus.engines.runner import launched
 from daedalus.engines.tiny_model import MODELS, ensure_model
 from daedalus.gates.statistics import clopper_pearson
-from daedalus.schemas.engines import BenchResult, ConcurrencyResult, LlamaCppPreset, VllmPreset, Workload
+from daedalus.schemas.engines import (
+    BenchResult,
+    CapacityResult,
+    ConcurrencyResult,
+    LlamaCppPreset,
+    VllmPreset,
+    Workload,
+)
 from daedalus.schemas.gates import GateMeasurement, Metric
 
 # How each metric is produced; a metric missing here is one no engine measurement can give.
@@ -37,13 +44,13 @@ METRIC_METHODS: dict[Metric, str] = {
     Metric.TTFT_MS: "benchmark: per-round median time to the first streamed chunk with content",
     Metric.TPOT_MS: "benchmark: per-round median (E2E - TTFT) / (tokens - 1)",
     Metric.KV_POOL_TOKENS: "capacity: KV cells the engine allocated at the preset's context",
-    Metric.COMPRESSION: "capacity: baseline KiB/token / candidate KiB/token (both by difference)",
-    Metric.KIB_PER_TOKEN: "capacity: RSS at two context sizes, divided by the token difference",
+    Metric.COMPRESSION: "capacity: baseline KiB/token / candidate KiB/token (both fitted slopes)",
+    Metric.KIB_PER_TOKEN: "capacity: slope of RSS over several context sizes, with its fit interval",
     Metric.NEEDLE: "probe: needle in a haystack over depths x lengths (1 per trial found, 0 otherwise)",
     Metric.TEMP0_IDENTITY: "probe: temp-0 token identity vs the baseline, near-tie rule (1 per prompt passing)",
     Metric.PPL_DELTA_PCT: "probe: llama-perplexity dPPL % vs the baseline preset",
     Metric.PREEMPTIONS: "benchmark: preempted or deferred requests during the measured rounds",
-    Metric.CONCURRENT_USERS: "ladder: the largest N users served at once with zero failures and deferrals",
+    Metric.CONCURRENT_USERS: "ladder, repeated per round: the largest N users served at once, no deferrals",
 }
 NEEDS_BASELINE = {Metric.COMPRESSION, Metric.TEMP0_IDENTITY, Metric.PPL_DELTA_PCT}
 
@@ -124,6 +131,33 @@ def _from_bench(metric: Metric, bench: BenchResult, artifact: Path) -> GateMeasu
     )  # fmt: skip
 
 
+def capacity_measurement(metric: Metric, cap: CapacityResult, artifact: Path) -> GateMeasurement:
+    """A capacity figure as a gate measurement: a fitted slope carries its standard error, the KV pool is an
+    engine-reported count (deterministic), and an unmeasurable value is INVALID, never 0."""
+    evidence = {"artifact": str(artifact), "contexts": ",".join(map(str, cap.contexts)),
+                "reported_kib_per_token": str(cap.kib_per_token_reported)}  # fmt: skip
+    value: float | None
+    if metric is Metric.KV_POOL_TOKENS:
+        value = float(cap.pool_tokens) if cap.pool_tokens is not None else None
+        invalid = None if value is not None else f"no KV cache line in the server log; see {artifact}"
+        return GateMeasurement(samples=[value or 0.0], unit="tokens", method="engine-reported KV cells at start-up",
+                               invalid_reason=invalid, evidence=evidence)  # fmt: skip
+    value, se = (
+        (cap.kib_per_token, cap.kib_per_token_se)
+        if metric is Metric.KIB_PER_TOKEN
+        else (cap.compression, cap.compression_se)
+    )
+    if value is None or se is None or cap.fit_dof is None:
+        return GateMeasurement(samples=[0.0], unit="", invalid_reason=f"{metric.value} could not be measured "
+                               f"(no positive memory slope); see {artifact}", evidence=evidence)  # fmt: skip
+    unit = "KiB/token" if metric is Metric.KIB_PER_TOKEN else "x"
+    return GateMeasurement(
+        samples=[value], unit=unit, standard_error=se, error_dof=cap.fit_dof, evidence=evidence,
+        method=f"capacity: least-squares slope of RSS over {len(cap.contexts)} context sizes"
+        + ("" if metric is Metric.KIB_PER_TOKEN else "; baseline slope / candidate slope, delta-method error"),
+    )  # fmt: skip
+
+
 async def measure(
     metric: Metric,
     preset_ref: str,
@@ -166,24 +200,19 @@ async def measure(
         cap = await capacity(preset, model, workdir, build, baseline=baseline)  # type: ignore[arg-type]
         artifact = workdir / "capacity.json"
         artifact.write_text(cap.model_dump_json(indent=2))
-        measured = {Metric.KIB_PER_TOKEN: cap.kib_per_token, Metric.COMPRESSION: cap.compression,
-                    Metric.KV_POOL_TOKENS: cap.pool_tokens}[metric]  # fmt: skip
-        # An unmeasurable value (no RSS difference, no KV line in the log) is a broken measurement, not a 0.
-        invalid = None if measured is not None else f"{metric.value} could not be measured; see {artifact}"
-        value = float(measured or 0.0)
-        unit = {Metric.KIB_PER_TOKEN: "KiB/token", Metric.COMPRESSION: "x", Metric.KV_POOL_TOKENS: "tokens"}[
-            metric
-        ]
-        return GateMeasurement(samples=[value], unit=unit, method="capacity by difference (RSS)",
-                               invalid_reason=invalid,
-                               evidence={"artifact": str(artifact),
-                                         "reported_kib_per_token": str(cap.kib_per_token_reported)})  # fmt: skip
+        return capacity_measurement(metric, cap, artifact)
     if metric is Metric.CONCURRENT_USERS:
-        steps = await ladder(preset, model, workdir, build, users=tuple(workload.users) if workload.users != [1]
-                             else (1, 2, 4))  # fmt: skip
-        passed = [s.users for s in steps if s.passed]
-        return GateMeasurement(samples=[float(max(passed) if passed else 0)], unit="users", method="ladder",
-                               evidence={s.users.__str__(): "pass" if s.passed else s.detail for s in steps})  # fmt: skip
+        # Each repetition of the ladder is one sample: the largest N served at once with no deferral.
+        samples: list[float] = []
+        evidence: dict[str, str] = {}
+        for rep in range(workload.rounds):
+            steps = await ladder(preset, model, workdir / f"ladder-rep{rep}", build,
+                                 users=tuple(workload.users) if workload.users != [1] else (1, 2, 4))  # fmt: skip
+            passed = [s.users for s in steps if s.passed]
+            samples.append(float(max(passed) if passed else 0))
+            evidence |= {f"rep{rep} users={s.users}": "pass" if s.passed else s.detail for s in steps}
+        return GateMeasurement(samples=samples, unit="users", method=f"ladder, {workload.rounds} repetitions",
+                               evidence=evidence)  # fmt: skip
     if metric is Metric.NEEDLE:
         async with launched(preset, model, workdir / "needle", build=build) as server:
             needle = await needle_probe(server)
@@ -197,13 +226,17 @@ async def measure(
         async with (launched(preset, model, workdir / "candidate", build=build) as cand_server,
                     launched(baseline, model, workdir / "baseline", build=build) as base_server):  # fmt: skip
             t0 = await temp0_identity(cand_server, base_server)
-        ones = [1.0] * (t0.identical + t0.near_ties)
-        return GateMeasurement(samples=ones + [0.0] * (t0.prompts - len(ones)), unit="prompts passing",
-                               method="temp-0 identity, near-tie gap < 0.25", evidence={"detail": t0.detail})  # fmt: skip
+        artifact = workdir / "temp0_identity.json"
+        artifact.write_text(t0.model_dump_json(indent=2))
+        return GateMeasurement(samples=[1.0 if j.passed else 0.0 for j in t0.judgements], unit="probes passing",
+                               method=f"temp-0 identity over {t0.prompts} probes, near-tie gap < 0.25, answers kept",
+                               evidence={"detail": t0.detail, "artifact": str(artifact)})  # fmt: skip
     if metric is Metric.PPL_DELTA_PCT:
         corpus = write_corpus(workdir / "corpus.txt")
         ppl = await perplexity_delta(build, preset, baseline, model, corpus, workdir)  # type: ignore[arg-type]
-        return GateMeasurement(samples=[ppl.delta_pct or 0.0], unit="%", method="llama-perplexity dPPL",
+        return GateMeasurement(samples=[ppl.delta_pct or 0.0], unit="%",
+                               method="llama-perplexity dPPL; error: both runs' +/- in quadrature",
+                               standard_error=ppl.delta_err_pct,
                                evidence={"ppl": f"{ppl.ppl} +/- {ppl.ppl_err}",
                                          "baseline_ppl": f"{ppl.baseline_ppl} +/- {ppl.baseline_ppl_err}",
                                          "delta_err_pct": f"{ppl.delta_err_pct}"})  # fmt: skip

@@ -148,6 +148,10 @@ class VllmAdapter(EngineAdapter):
     def environment(self) -> Mapping[str, str]:
         return self.preset.env
 
+    def request_extras(self) -> dict[str, object]:
+        # Token ids, not strings, in logprobs: the identity probes compare ids.
+        return {"return_tokens_as_token_ids": True}
+
     def validate(self, model: Path, port: int) -> None:
         # A model may be a Hugging Face id on GPU hosts, so only a path-looking model must exist.
         if (model.is_absolute() or str(model).startswith(".")) and not model.exists():

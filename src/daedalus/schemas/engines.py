@@ -233,16 +233,32 @@ class KvMeasurement(Model):
     pool_tokens: int | None = None
 
 
+class KibPerTokenFit(Model):
+    """KiB/token as the slope of memory over context size, with the fit's standard error."""
+
+    kib_per_token: float
+    standard_error: float
+    dof: int
+    reported_kib_per_token: float | None
+    measurements: list[KvMeasurement]
+
+
 class CapacityResult(Model):
-    """KiB/token by difference, the KV pool and its compression against a baseline preset."""
+    """KiB/token as the slope of memory over several context sizes (with the fit's standard error), the KV pool,
+    and compression against a baseline preset (its error by the delta method)."""
 
     preset: str
     baseline_preset: str | None = None
     measurements: list[KvMeasurement]
+    contexts: list[int] = Field(default_factory=list)
     kib_per_token: float
+    kib_per_token_se: float | None = None
+    fit_dof: int | None = Field(default=None, description="residual degrees of freedom of each slope fit")
     kib_per_token_reported: float | None = None
     baseline_kib_per_token: float | None = None
+    baseline_kib_per_token_se: float | None = None
     compression: float | None = None
+    compression_se: float | None = None
     pool_tokens: int | None = None
 
 
@@ -275,6 +291,45 @@ class WallResult(Model):
     findings: list[str] = Field(default_factory=list)
 
 
+class GreedyStream(Model):
+    """A temperature-0 completion as the probes compare it: token ids, text, and per position the gap between
+    the top two logprobs (None where the server gave fewer than two)."""
+
+    text: str
+    token_ids: list[int]
+    top2_gaps: list[float | None]
+
+
+class IdentityProbe(Model):
+    """One temp-0 identity prompt; `expect` is the answer it must still give (France -> Paris, a needle's
+    secret) when the candidate diverges from the baseline."""
+
+    name: str
+    prompt: str
+    expect: str | None = None
+
+
+class ProbeOutcome(StrEnum):
+    IDENTICAL = "identical"
+    NEAR_TIE = "near_tie"
+    """Diverged where the baseline's top-2 logprob gap was < 0.25, and the answer still holds."""
+    DIVERGED = "diverged"
+    """Diverged where the baseline was sure (gap >= 0.25, or unknown)."""
+    ANSWER_LOST = "answer_lost"
+    """Diverged and the baseline's correct answer is gone, whatever the gap."""
+
+
+class ProbeJudgement(Model):
+    probe: str
+    outcome: ProbeOutcome
+    passed: bool
+    first_divergence: int | None = None
+    logprob_gap: float | None = None
+    candidate_text: str = ""
+    baseline_text: str = ""
+    detail: str = ""
+
+
 class Temp0Result(Model):
     """Temp-0 token identity against a baseline, with the near-tie rule at the first divergence."""
 
@@ -284,6 +339,7 @@ class Temp0Result(Model):
     identical: int
     near_ties: int
     passed: bool
+    judgements: list[ProbeJudgement] = Field(default_factory=list)
     first_divergence: int | None = None
     logprob_gap: float | None = None
     candidate_text: str = ""

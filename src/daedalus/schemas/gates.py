@@ -122,7 +122,9 @@ class GateMeasurement(Model):
         description="the single sample's own standard error (llama-perplexity's +/-, a fit slope's error)",
     )
     error_dof: int | None = Field(
-        default=None, ge=1, description="degrees of freedom of standard_error (a fit's residual dof); None = normal"
+        default=None,
+        ge=1,
+        description="degrees of freedom of standard_error (a fit's residual dof); None = normal",
     )
     evidence: dict[str, str] = Field(default_factory=dict)
 
