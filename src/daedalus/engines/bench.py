@@ -15,13 +15,14 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
 import structlog
 from rich.progress import Progress
 
 from daedalus.engines.base import Server
-from daedalus.engines.metrics import counter
+from daedalus.engines.metrics import SpecCounters, counter, spec_counters
 from daedalus.engines.process import EngineError
 from daedalus.engines.tiny_model import _WORDS
 from daedalus.gates.statistics import summarize
@@ -55,6 +56,8 @@ class Side:
     peak_deferred: float = 0.0
     cached_before: float = 0.0
     preempted_before: float = 0.0
+    cached: int = 0
+    preempted: int = 0
 
 
 async def run_round(
@@ -145,12 +148,72 @@ async def _watch_deferred(sides: Sequence[Side], stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), timeout=0.5)
 
 
+async def _spec(side: Side) -> SpecCounters | None:
+    """The side's speculative-decoding counters, or None when its /metrics cannot be read."""
+    try:
+        return spec_counters(await asyncio.to_thread(side.server.metrics_text))
+    except EngineError:
+        return None
+
+
+def _with_acceptance(
+    result: RoundResult, before: SpecCounters | None, after: SpecCounters | None
+) -> RoundResult:
+    """A round's acceptance length and per-position acceptance, from the counters' deltas over the round."""
+    if before is None or after is None:
+        return result
+    delta = after.since(before)
+    if delta.acceptance_length is None:
+        return result
+    positions = range(1, max(delta.accepted_per_position, default=-1) + 2)
+    return result.model_copy(update={
+        "acceptance_length": delta.acceptance_length,
+        "position_acceptance": [delta.position_acceptance(k) or 0.0 for k in positions],
+    })  # fmt: skip
+
+
 async def _counters(side: Side) -> tuple[float, float]:
     values = await side.server.metrics()
     cached = counter(values, "llamacpp:prompt_tokens_cached_total") + counter(
         values, "vllm:prefix_cache_hits_total"
     )
     return cached, counter(values, "vllm:num_preemptions_total")
+
+
+def _slot_problems(side: Side, workload: Workload) -> list[str]:
+    slots = getattr(side.server.adapter.preset, "parallel", None)
+    # More users than llama.cpp slots means queued (deferred) requests, however briefly: not "N at once".
+    if slots is not None and max(workload.users) > slots:
+        return [f"{side.name}: {max(workload.users)} users but {slots} slots; requests would be deferred"]
+    return []
+
+
+async def _measure_round(
+    side: Side, workload: Workload, users: int, round_no: int, warmup: bool, pool: Executor
+) -> float:
+    """Run one round on `side` and keep it; returns the client CPU it cost when measured (0 for a warm-up)."""
+    spec_before = await _spec(side)
+    cpu_before = time.process_time()
+    measured = await run_round(side, workload, users, round_no, warmup, pool)
+    cpu = time.process_time() - cpu_before if not warmup else 0.0
+    side.rounds.append(_with_acceptance(measured, spec_before, await _spec(side)))
+    return cpu
+
+
+async def _settle(side: Side, invalid: list[str]) -> None:
+    """At the end of a residency: record a death, and add the counters' deltas since it started."""
+    code = side.server.process.returncode()
+    if code is not None:
+        reason = f"{side.name}: the server died (exit code {code}); log kept at {side.server.log_path}"
+        if not any(reason in r for r in invalid):
+            invalid.append(reason)
+        return
+    with contextlib.suppress(EngineError):
+        cached_after, preempted_after = await _counters(side)
+        side.cached += int(cached_after - side.cached_before)
+        side.preempted += int(preempted_after - side.preempted_before)
+    side.preempted += int(side.peak_deferred)
+    side.peak_deferred = 0.0
 
 
 async def benchmark(
@@ -163,25 +226,21 @@ async def benchmark(
     on_progress: ProgressFn | None = None,
     show_progress: bool | None = None,
 ) -> BenchResult:
-    """Warm up, then run measured rounds for each concurrency; with a baseline, interleave A B A B.
+    """Both sides resident at once: warm up, then measured rounds for each concurrency, interleaved A B B A.
 
-    A server that dies, a failed request or a wrong token count makes the result INVALID (never a low number).
+    Use it for an A/B only where the preset says both fit (see `benchmark_alternating` otherwise). A server
+    that dies, a failed request or a wrong token count makes the result INVALID (never a low number).
     """
     sides = [candidate] if baseline is None else [candidate, baseline]
-    invalid: list[str] = []
-    for side in sides:
-        slots = getattr(side.server.adapter.preset, "parallel", None)
-        # More users than llama.cpp slots means queued (deferred) requests, however briefly: not "N at once".
-        if slots is not None and max(workload.users) > slots:
-            invalid.append(
-                f"{side.name}: {max(workload.users)} users but {slots} slots; requests would be deferred"
-            )
-    per_side = (workload.warmup_rounds + workload.rounds) * len(workload.users)
-    total = per_side * len(sides)
+    invalid = [problem for side in sides for problem in _slot_problems(side, workload)]
+    total = (workload.warmup_rounds + workload.rounds) * len(workload.users) * len(sides)
     done = 0
     show = sys.stderr.isatty() if show_progress is None else show_progress
     stop = asyncio.Event()
     watcher: asyncio.Task[None] | None = None
+    client_cpu_s = (
+        0.0  # this process's CPU during measured rounds: request threads, event loop, /metrics watcher
+    )
     with Progress(disable=not show, transient=True) as bar:
         task = bar.add_task(f"bench {candidate.name}", total=total)
         with ThreadPoolExecutor(max_workers=max(workload.users), thread_name_prefix="bench-user") as pool:
@@ -196,7 +255,9 @@ async def benchmark(
                         # Alternate which side goes first so neither always runs on a warmer machine.
                         order = sides if round_no % 2 == 0 else list(reversed(sides))
                         for side in order:
-                            side.rounds.append(await run_round(side, workload, users, round_no, warmup, pool))
+                            client_cpu_s += await _measure_round(
+                                side, workload, users, round_no, warmup, pool
+                            )
                             done += 1
                             bar.update(task, completed=done)
                             if on_progress is not None:
@@ -208,11 +269,80 @@ async def benchmark(
                 if watcher is not None:
                     await watcher
     for side in sides:
-        if side.server.process.returncode() is not None:
-            code = side.server.process.returncode()
-            reason = f"{side.name}: the server died (exit code {code}); log kept at {side.server.log_path}"
-            if not any(reason in r for r in invalid):
-                invalid.append(reason)
+        await _settle(side, invalid)
+    return _result(
+        candidate, baseline, workload, invalid, run_id=run_id, model=model, client_cpu_s=client_cpu_s
+    )
+
+
+Launch = Callable[[], AbstractAsyncContextManager[Server]]
+
+
+async def benchmark_alternating(
+    candidate: tuple[str, Launch],
+    baseline: tuple[str, Launch],
+    workload: Workload,
+    *,
+    run_id: str,
+    model: str,
+    on_progress: ProgressFn | None = None,
+) -> BenchResult:
+    """An A/B where the two sides cannot be resident together (one set of GPUs, each side at 0.9 of it).
+
+    Per measured round and concurrency: start one side, run its warm-up rounds (discarded), measure one round,
+    stop it; then the other side the same way; the order flips every round (A B, B A, ...). Round i of each
+    side is the pair. Every start gets its own warm-up, because a fresh server is a cold one.
+    """
+    sides: dict[str, Side] = {}
+    invalid: list[str] = []
+    client_cpu_s = 0.0
+    total = workload.rounds * len(workload.users) * 2
+    done = 0
+    with ThreadPoolExecutor(max_workers=max(workload.users), thread_name_prefix="bench-user") as pool:
+        try:
+            for users in workload.users:
+                for measured_no in range(workload.rounds):
+                    order = [candidate, baseline] if measured_no % 2 == 0 else [baseline, candidate]
+                    for name, launch in order:
+                        async with launch() as server:
+                            side = sides.setdefault(name, Side(name=name, server=server))
+                            side.server = server
+                            invalid += [p for p in _slot_problems(side, workload) if p not in invalid]
+                            side.cached_before, side.preempted_before = await _counters(side)
+                            for warm in range(workload.warmup_rounds):
+                                # Warm-up rounds are numbered past the measured ones: fresh prompts, no cache hit.
+                                warm_no = workload.rounds + measured_no * workload.warmup_rounds + warm
+                                await _measure_round(side, workload, users, warm_no, True, pool)
+                            stop = asyncio.Event()
+                            watcher = asyncio.create_task(_watch_deferred([side], stop))
+                            try:
+                                client_cpu_s += await _measure_round(
+                                    side, workload, users, measured_no, False, pool
+                                )
+                            finally:
+                                stop.set()
+                                await watcher
+                            await _settle(side, invalid)
+                        done += 1
+                        if on_progress is not None:
+                            on_progress(
+                                done, total, f"{name} users={users} round={measured_no} (alternating)"
+                            )
+        except EngineError as exc:
+            invalid.append(f"the run broke: {exc}")
+    if candidate[0] not in sides or baseline[0] not in sides:
+        invalid.append("a side never started")
+        raise EngineError("; ".join(invalid))
+    result = _result(sides[candidate[0]], sides[baseline[0]], workload, invalid, run_id=run_id, model=model,
+                     client_cpu_s=client_cpu_s)  # fmt: skip
+    return result.model_copy(update={"residency": "alternating"})
+
+
+def _result(
+    candidate: Side, baseline: Side | None, workload: Workload, invalid: list[str], *, run_id: str, model: str,
+    client_cpu_s: float,
+) -> BenchResult:  # fmt: skip
+    sides = [candidate] if baseline is None else [candidate, baseline]
     failed = mismatched = 0
     for side in sides:
         for r in side.rounds:
@@ -225,14 +355,8 @@ async def benchmark(
         invalid.append(f"{failed} failed requests (first: {first_error})")
     if mismatched:
         invalid.append(f"{mismatched} completions without exactly {workload.max_tokens} tokens (ignore_eos)")
-    preemptions = cached = 0
-    alive = [s for s in sides if s.server.process.returncode() is None]
-    for side in alive:
-        with contextlib.suppress(EngineError):
-            cached_after, preempted_after = await _counters(side)
-            cached += int(cached_after - side.cached_before)
-            preemptions += int(preempted_after - side.preempted_before)
-        preemptions += int(side.peak_deferred)
+    preemptions = sum(side.preempted for side in sides)
+    cached = sum(side.cached for side in sides)
     if preemptions:
         invalid.append(f"{preemptions} preempted or deferred requests; the claim is all users served at once")
     if cached:
@@ -260,5 +384,6 @@ async def benchmark(
         invalid_reasons=invalid,
         flags=flags,
         server_log=str(candidate.server.log_path),
+        client_cpu_s=client_cpu_s,
         rounds=[r for side in sides for r in side.rounds],
     )

@@ -122,15 +122,27 @@ async def temp0_identity(
 ) -> Temp0Result:
     """Token-id identity with the baseline over the probe set (the seed's 60 by default), via /v1/completions
     with logprobs on both servers."""
-    cand_api, base_api = candidate.endpoint(), baseline.endpoint()
-    judgements = []
-    for probe in probes or identity_probes():
-        cand = await cand_api.greedy(probe.prompt, n_tokens)
-        base = await base_api.greedy(probe.prompt, n_tokens)
-        if not cand.token_ids or not base.token_ids:
-            raise EngineError(f"probe {probe.name}: the server returned no token ids")
-        judgements.append(judge_identity(probe, cand, base))
+    probe_set = probes or identity_probes()
+    cand_streams = await greedy_streams(candidate, probe_set, n_tokens)
+    base_streams = await greedy_streams(baseline, probe_set, n_tokens)
+    judgements = [
+        judge_identity(p, c, b) for p, c, b in zip(probe_set, cand_streams, base_streams, strict=True)
+    ]
     return identity_result(candidate.adapter.preset.name, baseline.adapter.preset.name, judgements)
+
+
+async def greedy_streams(
+    server: Server, probes: tuple[IdentityProbe, ...], n_tokens: int = 48
+) -> list[GreedyStream]:
+    """Each probe's temp-0 completion with token ids and top-2 gaps, from the server's /v1/completions."""
+    api = server.endpoint()
+    streams = []
+    for probe in probes:
+        stream = await api.greedy(probe.prompt, n_tokens)
+        if not stream.token_ids:
+            raise EngineError(f"probe {probe.name}: {server.adapter.preset.name} returned no token ids")
+        streams.append(stream)
+    return streams
 
 
 def haystack(length_words: int, depth: float, needle: str, seed: int) -> str:

@@ -55,7 +55,14 @@ def invalid_reasons(gate: GateSpec, measurement: GateMeasurement) -> list[str]:
 
 def decide(gate: GateSpec, measurement: GateMeasurement, *, host: str = "", commit: str = "") -> GateResult:
     """The verdict of one gate on one measurement, with everything needed to re-derive it."""
+    provenance = measurement.provenance
+    if provenance is not None:
+        provenance = provenance.model_copy(
+            update={"host": host or provenance.host, "commit": commit or provenance.commit}
+        )
     common = dict(
+        gate_spec=gate,
+        provenance=provenance,
         gate=gate.name,
         metric=gate.metric,
         rule=gate.describe(),

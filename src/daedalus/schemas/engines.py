@@ -37,6 +37,13 @@ class EngineKind(StrEnum):
     VLLM = "vllm"
 
 
+class ABResidency(StrEnum):
+    CONCURRENT = "concurrent"
+    """Both sides' servers up at once; rounds interleaved A B B A."""
+    ALTERNATE = "alternate"
+    """Start A, measure a round, stop; start B, measure, stop; ... (one set of GPUs holds one side)."""
+
+
 class DraftSpec(Model):
     """llama.cpp speculative decoding with a draft model; `self` drafts with the target model itself."""
 
@@ -64,6 +71,20 @@ class LlamaCppPreset(Model):
     draft: DraftSpec | None = None
     env: dict[str, str] = Field(default_factory=dict)
     extra_args: list[str] = Field(default_factory=list)
+    health_timeout_s: float = Field(
+        default=120.0, gt=0, description="how long a start may take to become healthy"
+    )
+    ab_residency: ABResidency | None = Field(
+        default=None,
+        description="A/B gates: may this preset's server be up beside its baseline's? None = concurrent on the "
+        "CPU (n_gpu_layers 0), alternating with any GPU layers",
+    )
+
+    @property
+    def residency(self) -> ABResidency:
+        if self.ab_residency is not None:
+            return self.ab_residency
+        return ABResidency.CONCURRENT if self.n_gpu_layers == 0 else ABResidency.ALTERNATE
 
     @field_validator("cache_type_k", "cache_type_v")
     @classmethod
@@ -109,6 +130,17 @@ class VllmPreset(Model):
     )
     env: dict[str, str] = Field(default_factory=dict)
     extra_args: list[str] = Field(default_factory=list)
+    health_timeout_s: float = Field(
+        default=1800.0, gt=0, description="a TP4 start with CUDA graph capture takes minutes, not seconds"
+    )
+    ab_residency: ABResidency = Field(
+        default=ABResidency.ALTERNATE,
+        description="A/B gates: 'concurrent' only when the GPUs hold this server and its baseline's together",
+    )
+
+    @property
+    def residency(self) -> ABResidency:
+        return self.ab_residency
 
     @field_validator("kv_cache_dtype")
     @classmethod
@@ -166,6 +198,14 @@ class RoundResult(Model):
     warmup: bool
     wall_s: float
     requests: list[RequestSample]
+    acceptance_length: float | None = Field(
+        default=None,
+        description="speculative decoding: 1 + accepted / drafts over this round (/metrics deltas)",
+    )
+    position_acceptance: list[float] = Field(
+        default_factory=list,
+        description="per draft position (1-based order): accepted / drafts over this round",
+    )
 
     @property
     def ok(self) -> bool:
@@ -216,7 +256,20 @@ class BenchResult(Model):
     invalid_reasons: list[str] = Field(default_factory=list)
     flags: list[str] = Field(default_factory=list)
     server_log: str | None = None
+    residency: Literal["concurrent", "alternating"] = Field(
+        default="concurrent",
+        description="A/B: both servers up at once, or started and stopped round by round",
+    )
+    client_cpu_s: float = Field(
+        default=0.0,
+        description="the measuring process's CPU seconds during the measured rounds (all threads)",
+    )
     rounds: list[RoundResult] = Field(default_factory=list, description="every round, warm-ups included")
+
+    @property
+    def client_cpu_us_per_token(self) -> float | None:
+        tokens = sum(q.completion_tokens for r in self.rounds if not r.warmup for q in r.requests)
+        return self.client_cpu_s / tokens * 1e6 if tokens else None
 
     @property
     def valid(self) -> bool:

@@ -102,6 +102,26 @@ class GateSpec(Model):
         return f"{subject} {self.comparator} {self.threshold:g}"
 
 
+class Provenance(Model):
+    """What a measurement measured, so its verdict can be re-derived and trusted later."""
+
+    engine: str = Field(description="llama.cpp or vllm")
+    engine_build: str = Field(description="llama.cpp: source tree sha256; vLLM: the installed version")
+    engine_flags: list[str] = Field(default_factory=list, description="build flags, or the server's argv")
+    preset: str
+    preset_sha256: str = ""
+    baseline_preset: str | None = None
+    model: str = Field(description="a GGUF path, a Hugging Face model directory, or a Hugging Face id")
+    model_sha256: str | None = Field(default=None, description="see model_hash_method; None for a hub id")
+    model_hash_method: str = ""
+    workload: dict[str, str] = Field(default_factory=dict)
+    host: str = ""
+    commit: str = ""
+    artifacts: str = Field(
+        default="", description="the directory under the artifact directory with the raw data"
+    )
+
+
 class GateMeasurement(Model):
     """What a gate command prints on stdout, as one JSON object.
 
@@ -127,6 +147,10 @@ class GateMeasurement(Model):
         description="degrees of freedom of standard_error (a fit's residual dof); None = normal",
     )
     evidence: dict[str, str] = Field(default_factory=dict)
+    provenance: Provenance | None = None
+    gate_spec: GateSpec | None = Field(
+        default=None, description="the gate as judged: re-deriving needs its rule"
+    )
 
     @model_validator(mode="after")
     def _paired(self) -> "GateMeasurement":
@@ -177,3 +201,7 @@ class GateResult(Model):
     host: str = ""
     commit: str = ""
     evidence: dict[str, str] = Field(default_factory=dict)
+    provenance: Provenance | None = None
+    gate_spec: GateSpec | None = Field(
+        default=None, description="the gate as judged: re-deriving needs its rule"
+    )
