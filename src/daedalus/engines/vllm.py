@@ -139,9 +139,9 @@ async def prefix_caching_problem(server: Server) -> str | None:
 class VllmAdapter(EngineAdapter):
     preset: VllmPreset
 
-    def __init__(self, preset: VllmPreset, executable: str = "vllm") -> None:
+    def __init__(self, preset: VllmPreset, executable: str | None = None) -> None:
         self.preset = preset
-        self.executable = executable
+        self.executable = executable or preset.executable
 
     def command(self, model: Path, port: int) -> list[str]:
         p = self.preset
