@@ -53,7 +53,9 @@ async def main() -> dict[str, float]:
     workload = Workload(users=[1], rounds=ROUNDS, warmup_rounds=1, max_tokens=N_GEN, prompt_words=16)
     workdir = Path(tempfile.mkdtemp(prefix="daedalus-harness-fidelity-"))
     async with launched(preset, model, workdir / "warm", build=build) as server:
-        result = await benchmark(Side(preset.name, server), workload, run_id="harness-fidelity", model=str(model))
+        result = await benchmark(
+            Side(preset.name, server), workload, run_id="harness-fidelity", model=str(model)
+        )
     if not result.valid:
         raise SystemExit(f"benchmark INVALID: {result.invalid_reasons}")
     # Naive: a cold server per run, one request, no warm-up, every run counted; server-timed like drop-first.
@@ -88,15 +90,32 @@ async def main() -> dict[str, float]:
             float(sum(abs(x - 1) > 0.03 for x in ratios)),
             f"measured requests (of {len(ratios)}) whose client and server figures differ by > 3%",
         ),
-        "client_decode_tps_median": (statistics.median(r.client_decode_tps), "client-timed, per-round medians"),
-        "server_decode_tps_median": (statistics.median(r.decode_tps), "server-timed (timings), per-round medians"),
+        "client_decode_tps_median": (
+            statistics.median(r.client_decode_tps),
+            "client-timed, per-round medians",
+        ),
+        "server_decode_tps_median": (
+            statistics.median(r.decode_tps),
+            "server-timed (timings), per-round medians",
+        ),
         "llama_bench_tg_tps": (llama_bench_tps, f"llama-bench tg{N_GEN}, {threads} threads, 5 repetitions"),
-        "llama_bench_ratio": (statistics.median(r.decode_tps) / llama_bench_tps, "server-timed median / llama-bench"),
-        "cv_drop_first": (cv(r.decode_tps), f"server-timed, warm server, 1 discarded + {ROUNDS} measured rounds"),
+        "llama_bench_ratio": (
+            statistics.median(r.decode_tps) / llama_bench_tps,
+            "server-timed median / llama-bench",
+        ),
+        "cv_drop_first": (
+            cv(r.decode_tps),
+            f"server-timed, warm server, 1 discarded + {ROUNDS} measured rounds",
+        ),
         "cv_naive": (cv(naive), f"server-timed, {NAIVE_RUNS} cold servers, one request each, all counted"),
-        "client_cpu_us_per_token": (cpu, "whole-process CPU during measured rounds / tokens streamed in them"),
+        "client_cpu_us_per_token": (
+            cpu,
+            "whole-process CPU during measured rounds / tokens streamed in them",
+        ),
     }
-    table = Table(title=f"harness fidelity: {MODEL} model, {N_GEN} tokens, {ROUNDS} rounds, {threads} threads")
+    table = Table(
+        title=f"harness fidelity: {MODEL} model, {N_GEN} tokens, {ROUNDS} rounds, {threads} threads"
+    )
     table.add_column("figure")
     table.add_column("value", justify="right")
     table.add_column("what it is")
@@ -105,7 +124,9 @@ async def main() -> dict[str, float]:
     Console(width=180).print(table)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     values = {key: value for key, (value, _) in figures.items()}
-    OUT.write_text(json.dumps({**values, "labels": {k: label for k, (_, label) in figures.items()}}, indent=2) + "\n")
+    OUT.write_text(
+        json.dumps({**values, "labels": {k: label for k, (_, label) in figures.items()}}, indent=2) + "\n"
+    )
     return values
 
 

@@ -134,7 +134,9 @@ class VllmPreset(Model):
         default=1800.0, gt=0, description="a TP4 start with CUDA graph capture takes minutes, not seconds"
     )
     executable: str = Field(
-        default="vllm", min_length=1, description="the `vllm` to run: a fork's own venv, e.g. /opt/1cat-vllm/bin/vllm"
+        default="vllm",
+        min_length=1,
+        description="the `vllm` to run: a fork's own venv, e.g. /opt/1cat-vllm/bin/vllm",
     )
     ab_residency: ABResidency = Field(
         default=ABResidency.ALTERNATE,
