@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from daedalus.cli import api, demo, engines, stack, tickets, training
+from daedalus.cli import api, demo, engines, stack, tickets, training, verdicts
 from daedalus.logs import configure_logging
 
 app = typer.Typer(
@@ -28,6 +28,7 @@ app.add_typer(tickets.app, name="ticket")
 app.add_typer(engines.app, name="engine")
 app.add_typer(training.app, name="train")
 app.add_typer(api.app, name="api")
+app.add_typer(verdicts.app, name="verdict")
 
 
 def main() -> None:

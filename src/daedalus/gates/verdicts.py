@@ -62,6 +62,7 @@ def decide(gate: GateSpec, measurement: GateMeasurement, *, host: str = "", comm
         )
     common = dict(
         gate_spec=gate,
+        measurement=measurement.model_copy(update={"evidence": {}, "provenance": provenance}),
         provenance=provenance,
         gate=gate.name,
         metric=gate.metric,
@@ -180,3 +181,14 @@ def _judge(comparator: str, threshold: float, low: float, high: float) -> Verdic
     if high <= threshold:
         return Verdict.PASS
     return Verdict.FAIL if low > threshold else Verdict.INCONCLUSIVE
+
+
+def rederive(result: GateResult) -> GateResult:
+    """The verdict recomputed from what a stored result holds: its gate and its measurement, nothing rerun."""
+    if result.gate_spec is None or result.measurement is None:
+        raise ValueError(
+            f"verdict of gate {result.gate!r} keeps no gate spec and measurement (recorded before verdicts kept "
+            "them, or the gate step itself failed); it cannot be re-derived"
+        )
+    again = decide(result.gate_spec, result.measurement, host=result.host, commit=result.commit)
+    return again.model_copy(update={"evidence": result.evidence})

@@ -148,9 +148,6 @@ class GateMeasurement(Model):
     )
     evidence: dict[str, str] = Field(default_factory=dict)
     provenance: Provenance | None = None
-    gate_spec: GateSpec | None = Field(
-        default=None, description="the gate as judged: re-deriving needs its rule"
-    )
 
     @model_validator(mode="after")
     def _paired(self) -> "GateMeasurement":
@@ -204,4 +201,8 @@ class GateResult(Model):
     provenance: Provenance | None = None
     gate_spec: GateSpec | None = Field(
         default=None, description="the gate as judged: re-deriving needs its rule"
+    )
+    measurement: GateMeasurement | None = Field(
+        default=None,
+        description="the measurement as judged (without evidence paths): re-deriving needs it whole",
     )
