@@ -17,7 +17,7 @@ from typing import Annotated
 import structlog
 import typer
 
-from daedalus.engines.bench import Launch, Side, benchmark, benchmark_alternating
+from daedalus.engines.bench import Launch, ProgressFn, Side, benchmark, benchmark_alternating
 from daedalus.engines.capacity import capacity, kv_at, ladder
 from daedalus.engines.llama_build import LlamaBuild, build_llama_cpp, cached_build
 from daedalus.engines.paths import default_llama_source
@@ -254,6 +254,41 @@ async def measure(
     return measured
 
 
+async def bench_presets(
+    preset: LlamaCppPreset | VllmPreset,
+    baseline: LlamaCppPreset | VllmPreset | None,
+    model: Path,
+    workdir: Path,
+    *,
+    build: LlamaBuild | None,
+    workload: Workload,
+    run_id: str,
+    on_progress: ProgressFn | None = None,
+    show_progress: bool | None = None,
+) -> BenchResult:
+    """Benchmark a preset, or an A/B of two: both resident when the presets say they fit, else alternating.
+    A server running with prefix caching its preset did not ask for makes the run INVALID."""
+    if baseline is not None and residency(preset, baseline) is ABResidency.ALTERNATE:
+        return await benchmark_alternating((preset.name, _launch(preset, model, workdir, build)),
+                                           (baseline.name, _launch(baseline, model, workdir, build)),
+                                           workload, run_id=run_id, model=str(model), on_progress=on_progress)  # fmt: skip
+    async with launched(preset, model, workdir / "candidate", build=build) as server:
+        problem = await prefix_caching_problem(server)
+        cand = Side(name=preset.name, server=server)
+        if baseline is None:
+            bench = await benchmark(cand, workload, run_id=run_id, model=str(model), on_progress=on_progress,
+                                    show_progress=show_progress)  # fmt: skip
+        else:
+            async with launched(baseline, model, workdir / "baseline", build=build) as base_server:
+                problem = problem or await prefix_caching_problem(base_server)
+                bench = await benchmark(cand, workload, run_id=run_id, model=str(model), on_progress=on_progress,
+                                        show_progress=show_progress,
+                                        baseline=Side(name=baseline.name, server=base_server))  # fmt: skip
+    if problem:
+        bench = bench.model_copy(update={"invalid_reasons": [*bench.invalid_reasons, problem]})
+    return bench
+
+
 def _launch(
     preset: LlamaCppPreset | VllmPreset, model: Path, workdir: Path, build: LlamaBuild | None
 ) -> Launch:
@@ -273,23 +308,8 @@ async def _measure(
     probes: int,
 ) -> GateMeasurement:
     if metric in BENCH_METRICS:
-        if baseline is not None and residency(preset, baseline) is ABResidency.ALTERNATE:
-            bench = await benchmark_alternating((preset.name, _launch(preset, model, workdir, build)),
-                                                (baseline.name, _launch(baseline, model, workdir, build)),
-                                                workload, run_id=workdir.name, model=str(model))  # fmt: skip
-        else:
-            async with launched(preset, model, workdir / "candidate", build=build) as server:
-                problem = await prefix_caching_problem(server)
-                cand = Side(name=preset.name, server=server)
-                if baseline is None:
-                    bench = await benchmark(cand, workload, run_id=workdir.name, model=str(model))
-                else:
-                    async with launched(baseline, model, workdir / "baseline", build=build) as base_server:
-                        problem = problem or await prefix_caching_problem(base_server)
-                        bench = await benchmark(cand, workload, run_id=workdir.name, model=str(model),
-                                                baseline=Side(name=baseline.name, server=base_server))  # fmt: skip
-            if problem:
-                bench = bench.model_copy(update={"invalid_reasons": [*bench.invalid_reasons, problem]})
+        bench = await bench_presets(preset, baseline, model, workdir, build=build, workload=workload,
+                                    run_id=workdir.name)  # fmt: skip
         artifact = workdir / "bench.json"
         artifact.write_text(bench.model_dump_json(indent=2))
         return _from_bench(metric, bench, artifact, position=position)
