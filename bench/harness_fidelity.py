@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import tempfile
@@ -33,8 +34,8 @@ from daedalus.engines.runner import launched
 from daedalus.engines.tiny_model import ensure_model
 from daedalus.schemas.engines import LlamaCppPreset, Workload
 
-MODEL = "medium"
-N_GEN = 128
+MODEL = os.environ.get("HARNESS_MODEL", "medium")  # "tiny" when the host is too loaded for the medium model
+N_GEN = int(os.environ.get("HARNESS_TOKENS", "128"))
 ROUNDS = 7
 NAIVE_RUNS = 7
 OUT = Path(__file__).parent / "results" / "harness_fidelity.json"
