@@ -125,9 +125,10 @@ async def main() -> dict[str, float]:
     Console(width=180).print(table)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     values = {key: value for key, (value, _) in figures.items()}
-    OUT.write_text(
-        json.dumps({**values, "labels": {k: label for k, (_, label) in figures.items()}}, indent=2) + "\n"
-    )
+    raw = {"drop_first_server_tps": r.decode_tps, "naive_server_tps": naive, "client_over_server": ratios,
+           "model": MODEL, "tokens": N_GEN}  # fmt: skip
+    labels = {k: label for k, (_, label) in figures.items()}
+    OUT.write_text(json.dumps({**values, "labels": labels, "raw": raw}, indent=2) + "\n")
     return values
 
 
