@@ -29,6 +29,7 @@ from daedalus.gates.statistics import summarize
 from daedalus.schemas.engines import (
     BenchResult,
     ConcurrencyResult,
+    LlamaCppPreset,
     RoundResult,
     Summary,
     Workload,
@@ -137,8 +138,16 @@ def concurrency_result(side: Side, users: int) -> ConcurrencyResult:
     )
 
 
+def _may_defer(side: Side, users: int) -> bool:
+    """Only llama.cpp defers requests, and only with more than one user in flight: a single user's request
+    always has its slot. Polling where nothing can be deferred costs the measuring client CPU per token
+    (at 60 tok/s, a 0.5 s poll was a quarter of it)."""
+    return isinstance(side.server.adapter.preset, LlamaCppPreset) and users > 1
+
+
 async def _watch_deferred(sides: Sequence[Side], stop: asyncio.Event) -> None:
-    """llama.cpp has no preemption; a request deferred for want of a slot is the equivalent failure."""
+    """llama.cpp has no preemption; a request deferred for want of a slot is the equivalent failure.
+    `requests_deferred` is a gauge, so it is polled while requests are in flight."""
     while not stop.is_set():
         for side in sides:
             with contextlib.suppress(EngineError):
@@ -148,8 +157,17 @@ async def _watch_deferred(sides: Sequence[Side], stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), timeout=0.5)
 
 
+def _speculates(side: Side) -> bool:
+    preset = side.server.adapter.preset
+    if isinstance(preset, LlamaCppPreset):
+        return preset.draft is not None
+    return preset.speculative is not None
+
+
 async def _spec(side: Side) -> SpecCounters | None:
-    """The side's speculative-decoding counters, or None when its /metrics cannot be read."""
+    """The side's speculative-decoding counters (None when it does not speculate, or /metrics is unreadable)."""
+    if not _speculates(side):
+        return None
     try:
         return spec_counters(await asyncio.to_thread(side.server.metrics_text))
     except EngineError:
@@ -250,7 +268,7 @@ async def benchmark(
                 for users in workload.users:
                     for round_no in range(workload.warmup_rounds + workload.rounds):
                         warmup = round_no < workload.warmup_rounds
-                        if not warmup and watcher is None:
+                        if not warmup and watcher is None and any(_may_defer(s, users) for s in sides):
                             watcher = asyncio.create_task(_watch_deferred(sides, stop))
                         # Alternate which side goes first so neither always runs on a warmer machine.
                         order = sides if round_no % 2 == 0 else list(reversed(sides))
@@ -314,14 +332,18 @@ async def benchmark_alternating(
                                 warm_no = workload.rounds + measured_no * workload.warmup_rounds + warm
                                 await _measure_round(side, workload, users, warm_no, True, pool)
                             stop = asyncio.Event()
-                            watcher = asyncio.create_task(_watch_deferred([side], stop))
+                            may_defer = _may_defer(side, users)
+                            watcher = (
+                                asyncio.create_task(_watch_deferred([side], stop)) if may_defer else None
+                            )
                             try:
                                 client_cpu_s += await _measure_round(
                                     side, workload, users, measured_no, False, pool
                                 )
                             finally:
                                 stop.set()
-                                await watcher
+                                if watcher is not None:
+                                    await watcher
                             await _settle(side, invalid)
                         done += 1
                         if on_progress is not None:
