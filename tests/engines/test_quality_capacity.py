@@ -38,7 +38,10 @@ async def test_speculative_self_draft_is_identical_to_plain_decoding(
     ):
         result = await temp0_identity(spec, ar, probes=identity_probes(8))
         metrics = await spec.metrics()
-    assert result.passed and result.identical == result.prompts, result.detail
+    # Verifying a batch of drafts is not bit-identical to one-token decoding on the CPU either: a flip is allowed
+    # only as a near tie (the seed's 6b/6c), and most probes stay identical.
+    assert result.passed and result.identical + result.near_ties == result.prompts, result.detail
+    assert result.identical >= result.prompts - 2, result.detail
     assert metrics["llamacpp:spec_decode_num_draft_tokens_total"] > 0, "the draft model really drafted"
 
 

@@ -211,7 +211,7 @@ async def perplexity(
     if preset.threads:
         argv += ["-t", str(preset.threads)]
     log_path.unlink(missing_ok=True)
-    rc = await run_logged(argv, log_path, env=preset.env)
+    rc = await run_logged(argv, log_path, env=preset.env, hold_stdin=True)
     if rc != 0:
         raise EngineError(f"llama-perplexity failed (exit {rc}); last lines of {log_path}:\n{tail(log_path)}")
     return parse_perplexity(log_path.read_text(errors="replace"))
