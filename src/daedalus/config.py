@@ -25,8 +25,12 @@ class Settings(BaseSettings):
     control_queue: str = CONTROL_QUEUE
     host: str = Field(default="local", description="the GPU host this machine's host worker serves")
     artifacts: Path | None = None
+    hosts_file: Path = Field(
+        default=Path(__file__).resolve().parents[2] / "examples" / "hosts.yaml",
+        description="the host registry (hosts.yaml); the demo's is examples/hosts.yaml",
+    )
 
-    @field_validator("home", "artifacts")
+    @field_validator("home", "artifacts", "hosts_file")
     @classmethod
     def _absolute(cls, path: Path | None) -> Path | None:
         # Worktrees and git run from other directories: a relative path would point somewhere else there.

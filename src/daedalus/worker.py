@@ -13,17 +13,37 @@ from temporalio.worker import Worker
 from daedalus.activities.attempts import AttemptActivities
 from daedalus.activities.audit import AuditActivities
 from daedalus.activities.builds import BuildActivities
+from daedalus.activities.campaigns import CampaignCellActivities, CampaignStoreActivities
 from daedalus.activities.engines import build_engine, run_benchmark, run_quality_probe
 from daedalus.activities.gates import GateActivities
+from daedalus.activities.hosts import (
+    KeeperStoreActivities,
+    LeaseActivities,
+    LeasedCommandActivities,
+    TenantActivities,
+)
+from daedalus.activities.lessons import LessonActivities
 from daedalus.activities.notify import NotifyActivities
+from daedalus.activities.report import ReportActivities
 from daedalus.activities.training import TrainingActivities
 from daedalus.activities.workspace import Workspace
 from daedalus.schemas.ticket import host_queue
 from daedalus.slack.settings import SlackSettings
+from daedalus.workflows.campaign import CampaignWorkflow
+from daedalus.workflows.lease_keeper import LeaseKeeperWorkflow
+from daedalus.workflows.leased_step import LeasedStepWorkflow
+from daedalus.workflows.report_digest import ReportDigestWorkflow
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
 
-WORKFLOWS: Sequence[type] = (TicketWorkflow, TrainingRunWorkflow)
+WORKFLOWS: Sequence[type] = (
+    TicketWorkflow,
+    TrainingRunWorkflow,
+    LeaseKeeperWorkflow,
+    LeasedStepWorkflow,
+    ReportDigestWorkflow,
+    CampaignWorkflow,
+)
 
 
 @dataclass(frozen=True)
@@ -45,14 +65,33 @@ def control_worker(client: Client, config: WorkerConfig, engine: Engine) -> Work
     # An explicit empty SlackSettings: SlackSettings() would read a developer's .env token.
     slack = config.slack or SlackSettings(bot_token=None, channel=None)
     notify = NotifyActivities(slack, config.artifacts / "slack-posted")
+    keepers, leases = KeeperStoreActivities(engine), LeaseActivities()
+    lessons = LessonActivities(engine)
+    report = ReportActivities(engine, slack, config.artifacts)
+    campaigns = CampaignStoreActivities(engine)
     return Worker(
         client,
         task_queue=config.control_queue,
         workflows=list(WORKFLOWS),
-        activities=[audit.record_audit_event, notify.notify_decision_request],
+        activities=[
+            audit.record_audit_event,
+            notify.notify_decision_request,
+            keepers.passed_tickets,
+            leases.acquire_lease,
+            leases.release_lease,
+            lessons.record_lessons,
+            lessons.lessons_for,
+            report.post_report_digest,
+            campaigns.record_campaign,
+        ],
         workflow_failure_exception_types=[Exception] if config.fail_workflows_on_bugs else [],
         max_concurrent_activities=config.max_concurrent_activities,
     )
+
+
+def gpu_state_dir(workspace_root: Path, host: str) -> Path:
+    """Where a host with simulated GPUs keeps their used memory (tenant commands get it as DAEDALUS_GPU_STATE_DIR)."""
+    return workspace_root / host / "gpus"
 
 
 def host_worker(client: Client, config: WorkerConfig, host: str) -> Worker:
@@ -64,6 +103,9 @@ def host_worker(client: Client, config: WorkerConfig, host: str) -> Worker:
         GateActivities(workspace),
     )
     training = TrainingActivities(config.artifacts, state_dir=config.workspace_root / host / "training")
+    tenants = TenantActivities(gpu_state_dir(config.workspace_root, host))
+    leased = LeasedCommandActivities(config.artifacts)
+    cells = CampaignCellActivities(config.artifacts)
     return Worker(
         client,
         task_queue=host_queue(host),
@@ -76,6 +118,10 @@ def host_worker(client: Client, config: WorkerConfig, host: str) -> Worker:
             run_quality_probe,
             training.supervise_training,
             training.training_host_report,
+            tenants.pause_tenant,
+            tenants.resume_tenant,
+            leased.run_leased,
+            cells.measure_campaign_cell,
         ],
         max_concurrent_activities=config.max_concurrent_activities,
     )

@@ -4,6 +4,7 @@ escalation options, amend and cancel, and ticket ids. Every request goes through
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -339,11 +340,17 @@ async def test_invalid_gate_is_rerun_before_escalating(
 
 
 async def test_retry_grants_one_more_attempt(
-    temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
+    temporal_client: Client,
+    sqlite_engine: Engine,
+    tmp_path: Path,
+    task_queue: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     host = host_of(task_queue)
     source = tmp_path / "what-the-agent-writes.txt"
     source.write_text("40.0\n")
+    # The scripted agent's commands run in the worktree's sandbox: the file it copies must be shown to it.
+    monkeypatch.setenv("DAEDALUS_AGENT_SANDBOX_READ_ONLY", json.dumps([str(source)]))
     spec = ticket_spec(
         make_engine_repo(tmp_path / "repo"),
         host,

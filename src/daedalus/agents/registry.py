@@ -35,7 +35,7 @@ def agent_for(spec: AgentSpec, settings: AgentSettings | None = None) -> CodingA
         case AgentName.SCRIPTED:
             from daedalus.agents.scripted import ScriptedAgent
 
-            return ScriptedAgent()
+            return ScriptedAgent(settings)
         case AgentName.CODEX:
             from daedalus.agents.codex import CodexAgent
 

@@ -22,6 +22,7 @@ from daedalus.agents.base import (
     AgentViolation,
     Heartbeat,
     RunningRecord,
+    command_sandbox,
     make_result,
 )
 from daedalus.agents.costs import BudgetExceeded, CostMeter
@@ -124,6 +125,7 @@ class ToolLoopAgent(ABC):
                 Path(task.worktree),
                 deny=self.settings.deny_commands,
                 shell_timeout_s=self.settings.shell_timeout_s,
+                sandbox=command_sandbox(task, self.settings),
             ),
             transcript,
         )

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
 from temporalio.client import Client
 
-from daedalus.api import audit, decisions, slack_interactions, tickets
+from daedalus.api import audit, decisions, report, slack_interactions, tickets
 from daedalus.api.context import ApiContext, ClientFactory
 from daedalus.api.errors import validation_handler
+from daedalus.api.limits import MAX_BODY_BYTES, BodyLimit
 from daedalus.api.settings import ApiSettings
 from daedalus.slack.settings import SlackSettings
 
@@ -22,6 +24,7 @@ def create_app(
     client_factory: ClientFactory | None = None,
     settings: ApiSettings | None = None,
     slack: SlackSettings | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     """The API over one Temporal client (given, or connected on first use by `client_factory`) and one store."""
     if (client is None) == (client_factory is None):
@@ -34,7 +37,10 @@ def create_app(
 
         client_factory = factory
     assert client_factory is not None
-    app = FastAPI(
+    # /docs serves Swagger UI from the fastapi-offline package, so it works with no network. ReDoc is left
+    # off: its page fetches its logo from a CDN (the browser tests caught it).
+    app = FastAPIOffline(
+        redoc_url=None,
         title="Daedalus",
         summary="File tickets, answer decisions and read the audit trail of an ML-inference team's work.",
         version="0.1.0",
@@ -46,7 +52,8 @@ def create_app(
         slack=slack if slack is not None else SlackSettings(),
         client_factory=client_factory,
     )
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_exception_handler(RequestValidationError, validation_handler)
-    for router in (tickets.router, decisions.router, audit.router, slack_interactions.router):
+    for router in (tickets.router, decisions.router, audit.router, report.router, slack_interactions.router):
         app.include_router(router)
     return app

@@ -7,7 +7,20 @@ import sys
 
 import typer
 
-from daedalus.cli import api, demo, engines, stack, tickets, training, verdicts
+from daedalus.cli import (
+    api,
+    campaigns,
+    demo,
+    engines,
+    host_bundle,
+    hosts,
+    lessons,
+    reports,
+    stack,
+    tickets,
+    training,
+    verdicts,
+)
 from daedalus.logs import configure_logging
 
 app = typer.Typer(
@@ -20,14 +33,19 @@ app.command()(stack.up)
 app.command()(stack.worker)
 app.command()(tickets.decide)
 app.command()(tickets.delegate)
-app.command()(tickets.audit)
+app.add_typer(tickets.audit_app, name="audit")
 app.command()(tickets.report)
+app.command("report-schedule")(reports.report_schedule)
 app.command()(demo.demo)
 tickets.app.command()(tickets.draft)
 app.add_typer(tickets.app, name="ticket")
 app.add_typer(engines.app, name="engine")
 app.add_typer(training.app, name="train")
 app.add_typer(api.app, name="api")
+app.add_typer(hosts.app, name="hosts")
+app.add_typer(host_bundle.app, name="host")
+app.add_typer(lessons.app, name="lessons")
+app.add_typer(campaigns.app, name="campaign")
 app.add_typer(verdicts.app, name="verdict")
 
 

@@ -14,6 +14,7 @@ from temporalio.client import Client
 
 from daedalus.client import TicketError, connect
 from daedalus.config import Settings
+from daedalus.escaping import for_terminal
 from daedalus.store.database import make_engine, migrate
 
 T = TypeVar("T")
@@ -24,7 +25,7 @@ errors = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 def fail(message: str) -> NoReturn:
-    errors.print(f"[red]error:[/red] {message}", highlight=False)
+    errors.print(f"[red]error:[/red] {for_terminal(message)}", highlight=False)
     raise typer.Exit(2)
 
 

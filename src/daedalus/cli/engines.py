@@ -13,13 +13,14 @@ from rich.table import Table
 
 from daedalus.engines import measure as measure_module
 from daedalus.engines.bench import Side, benchmark
-from daedalus.engines.llama_build import build_llama_cpp
-from daedalus.engines.measure import ensure_build
+from daedalus.engines.llama_build import BACKENDS, Backend, BuildConfig, build_llama_cpp
+from daedalus.engines.measure import build_config_for, ensure_build
 from daedalus.engines.paths import default_llama_source
 from daedalus.engines.presets import load_preset
 from daedalus.engines.process import EngineError
 from daedalus.engines.runner import launched
 from daedalus.engines.tiny_model import MODELS, ensure_model
+from daedalus.escaping import for_terminal
 from daedalus.schemas.engines import Workload
 
 app = typer.Typer(add_completion=False, help="Build, launch, benchmark and probe inference engines.")
@@ -31,12 +32,37 @@ console = Console(stderr=True)
 def build(
     source: Annotated[Path | None, typer.Option(help="llama.cpp source tree")] = None,
     jobs: Annotated[int, typer.Option(min=1)] = 2,
+    backend: Annotated[str, typer.Option(help=f"one of {', '.join(BACKENDS)}")] = "cpu",
+    cuda_arch: Annotated[
+        list[str] | None, typer.Option(help="CUDA architecture, e.g. 90 (repeatable; default: nvidia-smi)")
+    ] = None,
+    preset: Annotated[
+        str | None, typer.Option(help="take backend and architectures from this preset")
+    ] = None,
 ) -> None:
-    """Build llama-server, llama-perplexity and llama-bench (cached by source hash)."""
+    """Build llama-server, llama-perplexity and llama-bench (cached by source hash and backend flags)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     try:
-        result = asyncio.run(build_llama_cpp(source or default_llama_source(), jobs=jobs))
+        if preset is not None:
+            config = build_config_for(load_preset(preset))
+        elif backend not in BACKENDS:
+            raise EngineError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
+        else:
+            chosen: Backend = "cuda" if backend == "cuda" else "cpu"
+            config = BuildConfig.for_backend(chosen, cuda_arch or [])
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, transient=False) as bar:  # fmt: skip
+            task = bar.add_task(f"llama.cpp {config.backend} {' '.join(config.cuda_architectures)}".strip(),
+                                total=None)  # fmt: skip
+
+            def progress(done: int, total: int, _line: str) -> None:
+                bar.update(task, completed=done, total=total)
+
+            result = asyncio.run(build_llama_cpp(source or default_llama_source(), jobs=jobs,
+                                                 on_progress=progress, config=config))  # fmt: skip
     except EngineError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {for_terminal(exc)}")
         raise typer.Exit(2) from None
     typer.echo(result.bin_dir)
 
@@ -47,7 +73,7 @@ def model(name: Annotated[str, typer.Argument(help=f"one of {', '.join(MODELS)}"
     try:
         typer.echo(ensure_model(name))
     except ValueError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {for_terminal(exc)}")
         raise typer.Exit(2) from None
 
 
@@ -66,7 +92,7 @@ def bench(
     async def run() -> None:
         cand = load_preset(preset)
         base = load_preset(baseline_preset) if baseline_preset else None
-        build_ = await ensure_build()
+        build_ = await ensure_build(config=build_config_for(cand, base))
         workdir = Path(f"/tmp/daedalus-bench-{uuid.uuid4().hex[:8]}")
         async with launched(cand, model, workdir / "candidate", build=build_) as server:
             if base is None:
@@ -79,7 +105,9 @@ def bench(
                                              model=str(model), baseline=Side(base.name, base_server))  # fmt: skip
         (workdir / "bench.json").write_text(result.model_dump_json(indent=2))
         table = Table(
-            title=f"{result.preset} ({'VALID' if result.valid else 'INVALID'}) - {workdir / 'bench.json'}"
+            title=for_terminal(
+                f"{result.preset} ({'VALID' if result.valid else 'INVALID'}) - {workdir / 'bench.json'}"
+            )
         )
         for col in ("preset", "users", "decode tok/s median", "90% CI", "CV", "TTFT ms", "source"):
             table.add_column(col)
@@ -92,10 +120,10 @@ def bench(
                           r.timing_source)  # fmt: skip
         Console().print(table)
         for reason in result.invalid_reasons + result.flags:
-            console.print(f"[yellow]{reason}[/yellow]")
+            console.print(f"[yellow]{for_terminal(reason)}[/yellow]")
 
     try:
         asyncio.run(run())
     except EngineError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {for_terminal(exc)}")
         raise typer.Exit(2) from None

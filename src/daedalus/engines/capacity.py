@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import psutil
 
 from daedalus.engines.base import Server
 from daedalus.engines.bench import Side, run_round
+from daedalus.engines.gpu import GpuUnavailable, NvmlDevice, settled_used_bytes
 from daedalus.engines.llama_build import LlamaBuild
 from daedalus.engines.llama_cpp import parse_kv_cache_log
 from daedalus.engines.process import EngineError, tail
@@ -44,16 +46,35 @@ async def _warm(server: Server) -> None:
     await run_round(side, Workload(prompt_words=8, max_tokens=4, request_timeout_s=60.0), 1, 0, warmup=True)
 
 
+def on_gpu(preset: LlamaCppPreset) -> bool:
+    return preset.backend == "cuda" and preset.n_gpu_layers > 0
+
+
+def gpu_device(preset: LlamaCppPreset) -> NvmlDevice | None:
+    """NVML for a CUDA preset: its KV cache lives in device memory, which host RSS does not see."""
+    if not on_gpu(preset):
+        return None
+    try:
+        return NvmlDevice(0)
+    except GpuUnavailable as exc:
+        raise EngineError(
+            f"preset {preset.name} runs on the GPU, so KiB/token is read from NVML: {exc}"
+        ) from None
+
+
 async def kv_at(preset: LlamaCppPreset, model: Path, workdir: Path, build: LlamaBuild) -> KvMeasurement:
+    device = gpu_device(preset)
     async with launched(preset, model, workdir / f"ctx{preset.context}", build=build) as server:
         await _warm(server)
         rss = group_rss(server.process.pid)
+        gpu_used = await asyncio.to_thread(settled_used_bytes, device) if device is not None else None
         caches = parse_kv_cache_log(server.log_text())
     return KvMeasurement(
         preset=preset.name,
         context=preset.context,
         reported_kv_mib=caches[0].mib if caches else None,
         rss_mib=rss / MIB,
+        gpu_used_mib=gpu_used / MIB if gpu_used is not None else None,
         pool_tokens=caches[0].cells if caches else None,
     )
 
@@ -62,7 +83,7 @@ DEFAULT_CONTEXTS = (1024, 2048, 4096, 8192)
 
 
 def fit_kib_per_token(measurements: list[KvMeasurement]) -> tuple[float, float, int]:
-    """Least-squares slope of resident MiB over context tokens, in KiB/token, its standard error and the
+    """Least-squares slope of memory (device MiB where every reading has it, else resident MiB) over context tokens, in KiB/token, its standard error and the
     fit's residual degrees of freedom. Fixed overheads land in the intercept, so they never bias the slope."""
     contexts = sorted({m.context for m in measurements})
     if len(contexts) < 3:
@@ -72,7 +93,11 @@ def fit_kib_per_token(measurements: list[KvMeasurement]) -> tuple[float, float, 
         )
     from scipy import stats
 
-    fit = stats.linregress([m.context for m in measurements], [m.rss_mib for m in measurements])
+    on_device = all(m.gpu_used_mib is not None for m in measurements)
+    memory = [
+        float(m.gpu_used_mib if on_device and m.gpu_used_mib is not None else m.rss_mib) for m in measurements
+    ]
+    fit = stats.linregress([m.context for m in measurements], memory)
     return float(fit.slope) * 1024, float(fit.stderr) * 1024, len(measurements) - 2
 
 
@@ -83,7 +108,10 @@ async def kib_per_token(
     build: LlamaBuild,
     contexts: tuple[int, ...] = DEFAULT_CONTEXTS,
 ) -> KibPerTokenFit:
-    """Memory at several context sizes; KiB/token is the fitted slope, with its standard error."""
+    """Memory at several context sizes; KiB/token is the fitted slope, with its standard error.
+
+    Host RSS for a CPU preset; NVML device memory for a CUDA preset (its cache is not in host memory).
+    """
     measurements = [
         await kv_at(preset.model_copy(update={"context": ctx}), model, workdir, build)
         for ctx in sorted(contexts)
@@ -137,6 +165,7 @@ async def capacity(
         measurements=[*measurements, at_preset],
         contexts=sorted(contexts),
         kib_per_token=fit.kib_per_token,
+        kib_source="nvml" if on_gpu(preset) else "rss",
         kib_per_token_se=fit.standard_error,
         fit_dof=fit.dof,
         kib_per_token_reported=fit.reported_kib_per_token,

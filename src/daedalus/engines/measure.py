@@ -19,7 +19,8 @@ import typer
 
 from daedalus.engines.bench import Launch, ProgressFn, Side, benchmark, benchmark_alternating
 from daedalus.engines.capacity import capacity, kv_at, ladder
-from daedalus.engines.llama_build import LlamaBuild, build_llama_cpp, cached_build
+from daedalus.engines.gpu import copy_bandwidth, floor_fractions, floor_tps, model_bytes_per_token
+from daedalus.engines.llama_build import CPU, BuildConfig, LlamaBuild, build_llama_cpp, cached_build
 from daedalus.engines.paths import default_llama_source
 from daedalus.engines.presets import load_preset
 from daedalus.engines.process import EngineError
@@ -61,13 +62,15 @@ METRIC_METHODS: dict[Metric, str] = {
     Metric.ACCEPTANCE_LENGTH: "benchmark: per round, 1 + accepted / drafts from /metrics deltas (speculative)",
     Metric.POSITION_ACCEPTANCE: "benchmark: per round, accepted at draft position k / drafts (/metrics deltas)",
     Metric.COMPRESSION: "capacity: baseline KiB/token / candidate KiB/token (both fitted slopes)",
-    Metric.KIB_PER_TOKEN: "capacity: slope of RSS over several context sizes, with its fit interval",
+    Metric.KIB_PER_TOKEN: "capacity: slope of memory (host RSS; NVML device memory for CUDA presets) over "
+    "several context sizes, with its fit interval",
     Metric.NEEDLE: "probe: needle in a haystack over depths x lengths (1 per trial found, 0 otherwise)",
     Metric.TEMP0_IDENTITY: "probe: temp-0 token identity vs the baseline over /v1/completions logprobs, near-tie "
     "rule, answers kept (1 per probe passing)",
     Metric.PPL_DELTA_PCT: "probe: llama-perplexity dPPL % vs the baseline preset",
     Metric.PREEMPTIONS: "benchmark: preempted or deferred requests during the measured rounds",
     Metric.CONCURRENT_USERS: "ladder, repeated per round: the largest N users served at once, no deferrals",
+    Metric.FLOOR_FRACTION: "benchmark decode tok/s / (measured device copy GB/s / model bytes per token); GPU only",
 }
 NEEDS_BASELINE = {Metric.COMPRESSION, Metric.TEMP0_IDENTITY, Metric.PPL_DELTA_PCT}
 
@@ -94,9 +97,22 @@ def check_metric(metric: Metric, *, baseline: bool = False) -> None:
         )
 
 
-async def ensure_build(source: Path | None = None) -> LlamaBuild:
+async def ensure_build(source: Path | None = None, config: BuildConfig = CPU) -> LlamaBuild:
     source = source or default_llama_source()
-    return cached_build(source) or await build_llama_cpp(source)
+    return cached_build(source, config) or await build_llama_cpp(source, config=config)
+
+
+def build_config_for(*presets: LlamaCppPreset | VllmPreset | None) -> BuildConfig:
+    """The build the llama.cpp presets need; a CPU and a CUDA preset cannot share one server build."""
+    llama = [p for p in presets if isinstance(p, LlamaCppPreset)]
+    backends = {p.backend for p in llama}
+    if len(backends) > 1:
+        raise EngineError(f"presets {', '.join(p.name for p in llama)} mix backends {sorted(backends)}; "
+                          "an A/B comparison runs both sides on one build: give them the same backend")  # fmt: skip
+    if backends != {"cuda"}:
+        return CPU
+    archs = next((p.cuda_architectures for p in llama if p.cuda_architectures), [])
+    return BuildConfig.for_backend("cuda", archs)
 
 
 def _series(result: ConcurrencyResult, metric: Metric, bench: BenchResult, position: int = 1) -> list[float]:
@@ -186,7 +202,7 @@ def capacity_measurement(metric: Metric, cap: CapacityResult, artifact: Path) ->
     unit = "KiB/token" if metric is Metric.KIB_PER_TOKEN else "x"
     return GateMeasurement(
         samples=[value], unit=unit, standard_error=se, error_dof=cap.fit_dof, evidence=evidence,
-        method=f"capacity: least-squares slope of RSS over {len(cap.contexts)} context sizes"
+        method=f"capacity: least-squares slope of memory ({cap.kib_source}) over {len(cap.contexts)} context sizes"
         + ("" if metric is Metric.KIB_PER_TOKEN else "; baseline slope / candidate slope, delta-method error"),
     )  # fmt: skip
 
@@ -238,11 +254,16 @@ async def measure(
         raise UnsupportedMetric(f"{metric.value} is measured on llama.cpp presets: {LLAMA_ONLY[metric]}")
     if metric is Metric.MAX_CONCURRENCY and not isinstance(preset, VllmPreset):
         raise UnsupportedMetric("max_concurrency is vLLM's start-up report; llama.cpp prints no such figure")
+    if metric is Metric.FLOOR_FRACTION and not (
+        isinstance(preset, LlamaCppPreset) and preset.backend == "cuda"
+    ):
+        raise UnsupportedMetric(f"floor_fraction is a GPU metric: preset {preset.name} does not run on CUDA "
+                                "(set backend: cuda and n_gpu_layers, as examples/presets/gpu-*.yaml do)")  # fmt: skip
     model = resolve_model(str(model_ref), presets)
     workdir = (workdir or default_workdir(metric)).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     needs_llama = any(isinstance(p, LlamaCppPreset) for p in presets)
-    build = await ensure_build() if needs_llama else None
+    build = await ensure_build(config=build_config_for(preset, baseline)) if needs_llama else None
     workload = workload or Workload()
     made = provenance(preset_ref, preset, model, build=build, artifacts=workdir, baseline=baseline,
                       workload=workload if metric in BENCH_METRICS else None,
@@ -307,6 +328,8 @@ async def _measure(
     position: int,
     probes: int,
 ) -> GateMeasurement:
+    if metric is Metric.FLOOR_FRACTION:
+        return await _floor_fraction(preset, model, workload, workdir, build)
     if metric in BENCH_METRICS:
         bench = await bench_presets(preset, baseline, model, workdir, build=build, workload=workload,
                                     run_id=workdir.name)  # fmt: skip
@@ -417,6 +440,34 @@ def vllm_capacity_measurement(
     unit = "tokens" if metric is Metric.KV_POOL_TOKENS else "x"
     return GateMeasurement(samples=[float(value or 0.0)], unit=unit, invalid_reason=invalid, evidence=evidence,
                            method="vLLM start-up log (engine-reported), cross-checked with vllm:cache_config_info")  # fmt: skip
+
+
+async def _floor_fraction(
+    preset: LlamaCppPreset | VllmPreset,
+    model: Path,
+    workload: Workload,
+    workdir: Path,
+    build: LlamaBuild | None,
+) -> GateMeasurement:
+    """Decode rounds as fractions of the bandwidth floor; the copy benchmark runs before the server starts."""
+    bandwidth = await asyncio.to_thread(copy_bandwidth)
+    per_token = model_bytes_per_token(model)
+    async with launched(preset, model, workdir / "candidate", build=build) as server:
+        bench = await benchmark(Side(name=preset.name, server=server), workload, run_id=workdir.name,
+                                model=str(model))  # fmt: skip
+    artifact = workdir / "bench.json"
+    artifact.write_text(bench.model_dump_json(indent=2))
+    decode = _from_bench(Metric.DECODE_TPS, bench, artifact)
+    floor = floor_tps(bandwidth.gbs, per_token)
+    return decode.model_copy(update={
+        "samples": floor_fractions(decode.samples, bandwidth.gbs, per_token), "unit": "of the bandwidth floor",
+        "method": f"decode tok/s / floor; floor = copy {bandwidth.gbs:.0f} GB/s (read+written, {bandwidth.device}) "
+                  f"/ {per_token / 1e9:.3f} GB per token = {floor:.0f} tok/s",
+        "evidence": {**decode.evidence, "copy_bandwidth_gbs": f"{bandwidth.gbs:.1f}",
+                     "copy_rounds_gbs": ", ".join(f"{g:.0f}" for g in bandwidth.rounds_gbs),
+                     "model_bytes_per_token": str(per_token), "floor_tps": f"{floor:.1f}",
+                     "decode_tps": ", ".join(f"{t:.1f}" for t in decode.samples)},
+    })  # fmt: skip
 
 
 app = typer.Typer(add_completion=False, help="Measure one gate metric and print a GateMeasurement JSON.")

@@ -1,15 +1,15 @@
 """verdicts keep what re-deriving them needs: the gate spec, the measurement, its provenance and evidence
 
-Revision ID: 0003
-Revises: 0001
+Revision ID: 0004
+Revises: 0003
 """
 
 import sqlalchemy as sa
 from alembic import op
 from sqlmodel.sql import sqltypes
 
-revision = "0003"
-down_revision = "0001"
+revision = "0004"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 
