@@ -95,12 +95,9 @@ async def run_logged(
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
     on_line: Callable[[str], None] | None = None,
-    hold_stdin: bool = False,
 ) -> int:
     """Run a command to completion in its own process group, teeing lines to `log_path`.
 
-    `hold_stdin` gives the command a stdin that stays open until it exits: llama-perplexity stops after its
-    next-to-last chunk, exit code 0 and no final estimate, when its stdin is at end of file.
     Cancellation (an activity cancelled, a Ctrl-C) kills the whole group before re-raising.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -108,7 +105,7 @@ async def run_logged(
         *argv,
         cwd=cwd,
         env={**os.environ, **(env or {})},
-        stdin=asyncio.subprocess.PIPE if hold_stdin else asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,
@@ -127,6 +124,3 @@ async def run_logged(
         with contextlib.suppress(ProcessLookupError):
             await proc.wait()
         raise
-    finally:
-        if proc.stdin is not None:
-            proc.stdin.close()

@@ -210,11 +210,20 @@ async def perplexity(
     ]  # fmt: skip
     if preset.threads:
         argv += ["-t", str(preset.threads)]
-    log_path.unlink(missing_ok=True)
-    rc = await run_logged(argv, log_path, env=preset.env, hold_stdin=True)
-    if rc != 0:
-        raise EngineError(f"llama-perplexity failed (exit {rc}); last lines of {log_path}:\n{tail(log_path)}")
-    return parse_perplexity(log_path.read_text(errors="replace"))
+    # llama.cpp logs through a worker thread that can lose its last lines when the process exits (seen here:
+    # exit 0, the chunk values up to the next-to-last, no final estimate); the run is deterministic, so a run
+    # whose final line went missing is run again, at most twice.
+    for _ in range(3):
+        log_path.unlink(missing_ok=True)
+        rc = await run_logged(argv, log_path, env=preset.env)
+        if rc != 0:
+            raise EngineError(
+                f"llama-perplexity failed (exit {rc}); last lines of {log_path}:\n{tail(log_path)}"
+            )
+        text = log_path.read_text(errors="replace")
+        if _PPL.search(text):
+            break
+    return parse_perplexity(text)
 
 
 async def perplexity_delta(
