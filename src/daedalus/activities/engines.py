@@ -17,6 +17,7 @@ from temporalio.exceptions import ApplicationError
 from daedalus.config import Settings
 from daedalus.engines.bench import Side, benchmark
 from daedalus.engines.llama_build import BuildError, LlamaBuild, build_llama_cpp
+from daedalus.engines.measure import bench_presets
 from daedalus.engines.paths import default_llama_source
 from daedalus.engines.presets import PresetError, load_preset
 from daedalus.engines.process import EngineError
@@ -114,20 +115,10 @@ async def run_benchmark(request: BenchmarkRequest) -> BenchmarkSummary:
             latest[:] = [{"round": done, "of": total, "at": what}]
 
         try:
-            async with contextlib.AsyncExitStack() as stack:
-                server = await stack.enter_async_context(
-                    launched(preset, request.model, workdir / "candidate", build=build)
-                )
-                base_side = None
-                if baseline is not None:
-                    base_server = await stack.enter_async_context(
-                        launched(baseline, request.model, workdir / "baseline", build=build)
-                    )
-                    base_side = Side(name=baseline.name, server=base_server)
-                bench = await benchmark(
-                    Side(name=preset.name, server=server), request.workload, run_id=request.run_id,
-                    model=str(request.model), baseline=base_side, on_progress=progress, show_progress=False,
-                )  # fmt: skip
+            # Both servers up at once only where the presets say they fit; otherwise A and B alternate.
+            bench = await bench_presets(preset, baseline, request.model, workdir, build=build,
+                                        workload=request.workload, run_id=request.run_id, on_progress=progress,
+                                        show_progress=False)  # fmt: skip
         except EngineError as exc:
             raise ApplicationError(str(exc), non_retryable=True) from exc
     tmp = artifact.with_suffix(".tmp")

@@ -19,6 +19,7 @@ from daedalus.cli import (
     stack,
     tickets,
     training,
+    verdicts,
 )
 from daedalus.logs import configure_logging
 
@@ -45,6 +46,7 @@ app.add_typer(hosts.app, name="hosts")
 app.add_typer(host_bundle.app, name="host")
 app.add_typer(lessons.app, name="lessons")
 app.add_typer(campaigns.app, name="campaign")
+app.add_typer(verdicts.app, name="verdict")
 
 
 def main() -> None:

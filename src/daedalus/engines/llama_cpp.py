@@ -100,6 +100,10 @@ class LlamaCppAdapter(EngineAdapter):
     def environment(self) -> Mapping[str, str]:
         return self.preset.env
 
+    def request_extras(self) -> dict[str, object]:
+        # llama.cpp reuses a common prompt prefix (even the BOS token) unless told not to; a measurement must not.
+        return {"cache_prompt": False}
+
     def validate(self, model: Path, port: int) -> None:
         super().validate(model, port)
         p = self.preset
