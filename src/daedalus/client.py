@@ -17,6 +17,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from daedalus.errors import TicketError
 from daedalus.schemas import search_attributes
 from daedalus.schemas.ticket import (
     CancelRequest,
@@ -31,10 +32,6 @@ from daedalus.schemas.ticket import (
 from daedalus.schemas.training import TRAINING_PREFIX, TrainingRunStatus
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
-
-
-class TicketError(Exception):
-    """A request Daedalus refused; the message is for the person who made it."""
 
 
 async def connect(address: str, namespace: str = "default") -> Client:

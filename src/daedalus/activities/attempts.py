@@ -12,17 +12,17 @@ from pathlib import Path
 
 import structlog
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
 from daedalus.activities.workspace import Workspace
 from daedalus.agents import worktree as wt
-from daedalus.agents.base import RESULT_FILE, RUNNING_FILE, USAGE_FILE, AgentConfigError, RunningRecord
+from daedalus.agents.base import RESULT_FILE, RUNNING_FILE, USAGE_FILE, RunningRecord
 from daedalus.agents.cli import CliAgent
 from daedalus.agents.costs import load_usage
 from daedalus.agents.lessons import read_lessons
 from daedalus.agents.prompt import build_prompt
 from daedalus.agents.registry import CodingAgent, agent_for
 from daedalus.agents.settings import AgentSettings
+from daedalus.errors import AgentConfigError, GitError, InputError, SetupError, maps_errors
 from daedalus.schemas.agents import AgentResult, AgentTask, AgentUsage, ExitReason
 from daedalus.schemas.steps import AttemptInput
 
@@ -35,10 +35,11 @@ class AttemptActivities:
         self.settings = settings
 
     @activity.defn(name="run_attempt")
+    @maps_errors
     async def run_attempt(self, request: AttemptInput) -> AgentResult:
         spec = request.spec
         if spec.agent is None or spec.engine is None:
-            raise ApplicationError(f"ticket {spec.id} has no agent or engine to attempt", non_retryable=True)
+            raise InputError(f"ticket {spec.id} has no agent or engine to attempt; give its spec both")
         check_allowed_paths(spec.allowed_paths)
         settings = self.settings or AgentSettings()
         if spec.engine is not None and request.filing:
@@ -54,18 +55,15 @@ class AttemptActivities:
         branch = wt.branch_name(spec.id, request.attempt)
         repo = Path(spec.engine.repo).expanduser()
         if not (repo / ".git").exists():
-            raise ApplicationError(
-                f"engine repo {repo} is not a git checkout on host {spec.host}; clone it there first",
-                non_retryable=True,
+            raise SetupError(
+                f"engine repo {repo} is not a git checkout on host {spec.host}; clone it there first"
             )
         try:
             base = wt.prepare_worktree(
                 repo=repo, base_commit=spec.engine.base_commit, worktree=worktree, branch=branch
             )
-        except wt.GitError as error:
-            raise ApplicationError(
-                f"cannot prepare the attempt's worktree: {error}", non_retryable=True
-            ) from error
+        except GitError as error:
+            raise GitError(f"cannot prepare the attempt's worktree: {error}") from error
         task = AgentTask(
             ticket_id=spec.id,
             attempt=request.attempt,
@@ -156,10 +154,9 @@ def check_allowed_paths(allowed: list[str]) -> None:
     """Allowed paths are relative and stay in the worktree; anything else is a spec error, not a retry."""
     bad = [p for p in allowed if Path(p).is_absolute() or p.startswith("~") or ".." in Path(p).parts]
     if bad:
-        raise ApplicationError(
+        raise InputError(
             f"allowed_paths {bad} point outside the worktree; give paths relative to the repository root "
-            "such as 'vllm/attention' (or '.' for all of it)",
-            non_retryable=True,
+            "such as 'vllm/attention' (or '.' for all of it)"
         )
 
 

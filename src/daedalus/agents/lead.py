@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from daedalus.agents.costs import CostMeter
 from daedalus.agents.settings import AgentSettings
+from daedalus.errors import LeadUnavailable
 from daedalus.schemas.agents import Narrative, SpecDraft, SpecDraftRequest
 from daedalus.schemas.ticket import TicketSpec
 
@@ -28,10 +29,6 @@ NARRATIVE_SYSTEM = (
     "specific, no new facts, no numbers that are not in the input. Output one line per row, nothing else."
 )
 JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
-
-
-class LeadUnavailable(RuntimeError):
-    pass
 
 
 class LeadAgent:

@@ -16,24 +16,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from daedalus.errors import ForbiddenCommand, PathEscape, ToolError
 from daedalus.processes import kill_group
 
 MAX_READ = 60_000
 MAX_OUTPUT = 8_000
 # Absolute paths a command may name without escaping the worktree: system tools, never user data.
 READ_ONLY_PREFIXES = ("/usr/", "/bin/", "/lib", "/opt/", "/dev/null", "/etc/alternatives/")
-
-
-class ToolError(Exception):
-    """A tool call the agent got wrong; the message goes back to the model so it can correct itself."""
-
-
-class PathEscape(ToolError):
-    pass
-
-
-class ForbiddenCommand(ToolError):
-    pass
 
 
 TOOL_SPECS: list[dict[str, Any]] = [

@@ -12,8 +12,9 @@ from rich.console import Console
 from sqlalchemy import Engine
 from temporalio.client import Client
 
-from daedalus.client import TicketError, connect
+from daedalus.client import connect
 from daedalus.config import Settings
+from daedalus.errors import TicketError
 from daedalus.store.database import make_engine, migrate
 
 T = TypeVar("T")

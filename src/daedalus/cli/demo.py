@@ -20,7 +20,7 @@ from daedalus import client as tickets
 from daedalus.cli._common import console, fail, run
 from daedalus.cli.tickets import print_audit, print_state
 from daedalus.config import Settings
-from daedalus.devserver import DevServerError
+from daedalus.errors import DevServerError, EngineError, TicketError
 from daedalus.ports import port_is_open
 from daedalus.schemas.ticket import Decision, DecisionKind, TicketSpec, TicketState
 from daedalus.store import queries
@@ -37,13 +37,12 @@ def demo(
 ) -> None:
     """Run the local example ticket through dispatch, build, gates and close; print its audit trail."""
     from daedalus.engines.measure import ensure_build  # the engine stack loads only when a command needs it
-    from daedalus.engines.process import EngineError
     from daedalus.engines.tiny_model import ensure_model
 
     settings = Settings()
     try:
         spec = tickets.load_spec(ticket)
-    except tickets.TicketError as error:
+    except TicketError as error:
         fail(str(error))
     console.rule("[bold]Daedalus demo")
     console.print(

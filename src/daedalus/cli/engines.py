@@ -17,9 +17,9 @@ from daedalus.engines.llama_build import build_llama_cpp
 from daedalus.engines.measure import ensure_build
 from daedalus.engines.paths import default_llama_source
 from daedalus.engines.presets import load_preset
-from daedalus.engines.process import EngineError
 from daedalus.engines.runner import launched
 from daedalus.engines.tiny_model import MODELS, ensure_model
+from daedalus.errors import EngineError
 from daedalus.schemas.engines import Workload
 
 app = typer.Typer(add_completion=False, help="Build, launch, benchmark and probe inference engines.")

@@ -9,7 +9,7 @@ import typer
 
 from daedalus.cli._common import console, fail, run
 from daedalus.config import Settings
-from daedalus.devserver import DevServerError
+from daedalus.errors import DevServerError
 
 
 async def _serve_forever(settings: Settings, hosts: list[str], control: bool, embedded: bool) -> None:

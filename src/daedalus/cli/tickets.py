@@ -17,8 +17,8 @@ from rich.table import Table
 
 from daedalus import client as tickets
 from daedalus.cli._common import client, console, fail, run, store
-from daedalus.client import TicketError
 from daedalus.config import Settings
+from daedalus.errors import TicketError
 from daedalus.schemas.ticket import (
     CancelRequest,
     Decision,

@@ -21,9 +21,10 @@ import httpx
 import structlog
 from rich.progress import Progress
 
-from daedalus.engines.base import Server, ServerDied
+from daedalus.engines.base import Server
 from daedalus.engines.metrics import counter
 from daedalus.engines.tiny_model import _WORDS
+from daedalus.errors import ServerDied
 from daedalus.gates.statistics import summarize
 from daedalus.schemas.engines import (
     BenchResult,

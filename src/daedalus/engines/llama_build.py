@@ -17,7 +17,8 @@ from pathlib import Path
 import structlog
 
 from daedalus.engines.paths import cache_root
-from daedalus.engines.process import EngineError, run_logged, tail
+from daedalus.engines.process import run_logged, tail
+from daedalus.errors import BuildError, EngineError
 
 log = structlog.get_logger(__name__)
 
@@ -36,10 +37,6 @@ CMAKE_FLAGS = (
 )
 _NINJA_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")
 _SKIP_DIRS = {".git", "build", "__pycache__"}
-
-
-class BuildError(EngineError):
-    """CMake failed; the message carries the tail of the build log."""
 
 
 @dataclass(frozen=True)

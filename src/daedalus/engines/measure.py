@@ -22,10 +22,10 @@ from daedalus.engines.capacity import capacity, ladder
 from daedalus.engines.llama_build import LlamaBuild, build_llama_cpp, cached_build
 from daedalus.engines.paths import default_llama_source
 from daedalus.engines.presets import load_preset
-from daedalus.engines.process import EngineError
 from daedalus.engines.quality import needle_probe, perplexity_delta, temp0_identity, write_corpus
 from daedalus.engines.runner import launched
 from daedalus.engines.tiny_model import MODELS, ensure_model
+from daedalus.errors import EngineError, UnsupportedMetric
 from daedalus.gates.statistics import clopper_pearson
 from daedalus.schemas.engines import BenchResult, ConcurrencyResult, LlamaCppPreset, VllmPreset, Workload
 from daedalus.schemas.gates import GateMeasurement, Metric
@@ -46,10 +46,6 @@ METRIC_METHODS: dict[Metric, str] = {
     Metric.CONCURRENT_USERS: "ladder: the largest N users served at once with zero failures and deferrals",
 }
 NEEDS_BASELINE = {Metric.COMPRESSION, Metric.TEMP0_IDENTITY, Metric.PPL_DELTA_PCT}
-
-
-class UnsupportedMetric(EngineError):
-    """A gate names a metric the engines cannot produce."""
 
 
 def check_metric(metric: Metric, *, baseline: bool = False) -> None:
