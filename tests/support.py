@@ -90,7 +90,7 @@ async def running_workers(
     slack: SlackSettings | None = None,
 ) -> AsyncIterator[None]:
     config = WorkerConfig(
-        slack=slack,
+        slack=slack or SlackSettings(),
         control_queue=control_queue,
         hosts=[host],
         workspace_root=tmp_path / "ws",

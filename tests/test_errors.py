@@ -5,9 +5,10 @@ from __future__ import annotations
 import inspect
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import SecretStr
@@ -70,7 +71,7 @@ def test_a_failure_is_found_by_its_class_or_any_ancestor() -> None:
     preset = ApplicationError("preset 'tq4' is invalid", type=PresetError.type_name)
     wrapped = ActivityError(
         "activity failed", scheduled_event_id=1, started_event_id=2, identity="w", activity_type="run_benchmark",
-        activity_id="1", retry_state=RetryState.RETRY_STATE_NON_RETRYABLE_FAILURE,
+        activity_id="1", retry_state=None,
     )  # fmt: skip
     wrapped.__cause__ = preset
     assert PresetError.failure_in(wrapped) is preset
@@ -127,7 +128,7 @@ class CallOnce:
         return json.dumps(result)
 
 
-async def run_call(client: Client, queue: str, activities: list[object], call: Call) -> str:
+async def run_call(client: Client, queue: str, activities: list[Callable[..., Any]], call: Call) -> str:
     async with Worker(client, task_queue=queue, workflows=[CallOnce], activities=activities):
         return await client.execute_workflow(
             CallOnce.run, call, id=f"errors-{uuid.uuid4()}", task_queue=queue

@@ -10,6 +10,7 @@ The tree says what kind of trouble it is, and so what a person does about it:
     │   ├── UnsupportedMetric         a gate metric no engine measurement produces (also an EngineError)
     │   └── BadButton                 a Slack button value Daedalus did not make
     ├── SetupError                    this machine lacks something or is set up wrong: fix the host
+    │   ├── BadSettings               a DAEDALUS_* variable holds a bad value (the message names it)
     │   ├── DevServerError            the embedded Temporal dev server cannot start
     │   ├── GitError                  a git command failed (missing checkout, unknown commit)
     │   ├── AgentConfigError          a coding agent cannot start as configured (binary, key, model)
@@ -51,6 +52,7 @@ __all__ = [
     "AgentViolation",
     "ApiFailure",
     "BadButton",
+    "BadSettings",
     "BudgetExceeded",
     "BuildError",
     "DaedalusError",
@@ -132,6 +134,10 @@ class BadButton(InputError):
 class SetupError(DaedalusError):
     """This machine lacks something or is set up wrong (a binary, a checkout, a key). Retrying would only hide
     it for as long as the retry policy allows, so it fails at once and says what to install or set."""
+
+
+class BadSettings(SetupError):
+    """A DAEDALUS_* variable (or .env line) holds a value Daedalus cannot use; the message names each one."""
 
 
 class DevServerError(SetupError):

@@ -30,7 +30,7 @@ log = structlog.get_logger(__name__)
 
 
 class AttemptActivities:
-    def __init__(self, workspace: Workspace, settings: AgentSettings | None = None):
+    def __init__(self, workspace: Workspace, settings: AgentSettings):
         self.workspace = workspace
         self.settings = settings
 
@@ -41,7 +41,7 @@ class AttemptActivities:
         if spec.agent is None or spec.engine is None:
             raise InputError(f"ticket {spec.id} has no agent or engine to attempt; give its spec both")
         check_allowed_paths(spec.allowed_paths)
-        settings = self.settings or AgentSettings()
+        settings = self.settings
         if spec.engine is not None and request.filing:
             self.workspace.claim(
                 spec.id, request.attempt, request.filing, Path(spec.engine.repo).expanduser()

@@ -13,7 +13,6 @@ from pathlib import Path
 
 from temporalio import activity
 
-from daedalus.config import Settings
 from daedalus.engines.bench import Side, benchmark
 from daedalus.engines.llama_build import LlamaBuild, build_llama_cpp
 from daedalus.engines.paths import default_llama_source
@@ -54,12 +53,6 @@ async def _heartbeating(interval_s: float = 5.0) -> AsyncIterator[list[object]]:
             await task
 
 
-def _run_dir(kind: str, run_id: str) -> Path:
-    path = Settings().artifact_dir / "engines" / kind / run_id
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 async def _build(request: BuildRequest, latest: list[object]) -> LlamaBuild:
     def progress(done: int, total: int, line: str) -> None:
         latest[:] = [{"step": done, "of": total}]
@@ -69,13 +62,36 @@ async def _build(request: BuildRequest, latest: list[object]) -> LlamaBuild:
     )
 
 
-@activity.defn(name="build_engine")
-@maps_errors
-async def build_engine(request: BuildRequest) -> BuildInfo:
-    """Build (or reuse the cached build of) llama.cpp; cancellation kills the compiler's process group."""
-    async with _heartbeating() as latest:
-        build = await _build(request, latest)
-    return BuildInfo(source=build.source, source_hash=build.source_hash, bin_dir=build.bin_dir)
+class EngineActivities:
+    """Holds the host's artifact directory; the engine cache is the one the worker's entry point configured."""
+
+    def __init__(self, artifacts: Path):
+        self.artifacts = artifacts
+
+    def _run_dir(self, kind: str, run_id: str) -> Path:
+        path = self.artifacts / "engines" / kind / run_id
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    @activity.defn(name="build_engine")
+    @maps_errors
+    async def build_engine(self, request: BuildRequest) -> BuildInfo:
+        """Build (or reuse the cached build of) llama.cpp; cancellation kills the compiler's process group."""
+        async with _heartbeating() as latest:
+            build = await _build(request, latest)
+        return BuildInfo(source=build.source, source_hash=build.source_hash, bin_dir=build.bin_dir)
+
+    @activity.defn(name="run_benchmark")
+    @maps_errors
+    async def run_benchmark(self, request: BenchmarkRequest) -> BenchmarkSummary:
+        """Benchmark a preset (A/B interleaved with a baseline, if named). A broken run is INVALID, not an error."""
+        return await _benchmark(request, self._run_dir("bench", request.run_id))
+
+    @activity.defn(name="run_quality_probe")
+    @maps_errors
+    async def run_quality_probe(self, request: ProbeRequest) -> ProbeSummary:
+        """Temp-0 identity, needle, perplexity delta or garbage screen; the full result goes to the artifact."""
+        return await _quality_probe(request, self._run_dir("probe", request.run_id))
 
 
 def _summary(bench: BenchResult, artifact: Path) -> BenchmarkSummary:
@@ -89,11 +105,7 @@ def _summary(bench: BenchResult, artifact: Path) -> BenchmarkSummary:
     )
 
 
-@activity.defn(name="run_benchmark")
-@maps_errors
-async def run_benchmark(request: BenchmarkRequest) -> BenchmarkSummary:
-    """Benchmark a preset (A/B interleaved with a baseline, if named). A broken run is INVALID, not an error."""
-    workdir = _run_dir("bench", request.run_id)
+async def _benchmark(request: BenchmarkRequest, workdir: Path) -> BenchmarkSummary:
     artifact = workdir / "bench.json"
     if artifact.is_file():
         return _summary(BenchResult.model_validate_json(artifact.read_text()), artifact)
@@ -126,11 +138,7 @@ async def run_benchmark(request: BenchmarkRequest) -> BenchmarkSummary:
     return _summary(bench, artifact)
 
 
-@activity.defn(name="run_quality_probe")
-@maps_errors
-async def run_quality_probe(request: ProbeRequest) -> ProbeSummary:
-    """Temp-0 identity, needle, perplexity delta or garbage screen; the full result goes to the artifact."""
-    workdir = _run_dir("probe", request.run_id)
+async def _quality_probe(request: ProbeRequest, workdir: Path) -> ProbeSummary:
     artifact = workdir / f"{request.probe.value}.json"
     summary_file = workdir / "summary.json"
     if summary_file.is_file():

@@ -32,8 +32,8 @@ JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
 
 
 class LeadAgent:
-    def __init__(self, settings: AgentSettings | None = None):
-        self.settings = settings or AgentSettings()
+    def __init__(self, settings: AgentSettings):
+        self.settings = settings
 
     @property
     def provider(self) -> str:

@@ -16,8 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from daedalus import client as tickets
-from daedalus.cli._common import client, console, fail, run, store
-from daedalus.config import Settings
+from daedalus.cli._common import client, console, fail, run, settings, store
 from daedalus.errors import TicketError
 from daedalus.schemas.ticket import (
     CancelRequest,
@@ -53,18 +52,18 @@ def create(
         spec = tickets.load_spec(file)
     except TicketError as error:
         fail(str(error))
-    settings = Settings()
+    temporal = settings().temporal
 
     async def go() -> str:
         handle = await tickets.file_ticket(
-            await client(settings), spec, queue=settings.control_queue, filed_by=filed_by
+            await client(), spec, queue=temporal.control_queue, filed_by=filed_by
         )
         return handle.id
 
     workflow_id = run(go())
     console.print(f"filed ticket [bold]{spec.id}[/bold] as workflow {workflow_id}")
     console.print(
-        f"  watch: daedalus ticket show {spec.id}   UI: http://localhost:{settings.ui_port}/namespaces/default/workflows/{workflow_id}"
+        f"  watch: daedalus ticket show {spec.id}   UI: http://localhost:{temporal.ui_port}/namespaces/{temporal.namespace}/workflows/{workflow_id}"
     )
 
 
@@ -91,10 +90,9 @@ def list_(status: Annotated[str | None, typer.Option(help="only tickets in this 
 @app.command()
 def show(ticket_id: str) -> None:
     """Status, attempts, verdicts and the pending decision of one ticket."""
-    settings = Settings()
 
     async def go() -> TicketState:
-        return await tickets.status(await client(settings), ticket_id)
+        return await tickets.status(await client(), ticket_id)
 
     print_state(run(go()))
 
@@ -260,7 +258,7 @@ def report(
         if narrate:
             from daedalus.agents.lead import LeadAgent
 
-            narrative = run(LeadAgent().narrative(built.facts()))
+            narrative = run(LeadAgent(settings().agent).narrative(built.facts()))
             built.narrative, built.narrative_note = narrative.lines, narrative.note
         text = built.markdown()
     if out is None:
@@ -280,7 +278,11 @@ def draft(
     from daedalus.agents.lead import LeadAgent
     from daedalus.schemas.agents import SpecDraftRequest
 
-    drafted = run(LeadAgent().draft_spec(SpecDraftRequest(request=request, ticket_id=ticket_id, host=host)))
+    drafted = run(
+        LeadAgent(settings().agent).draft_spec(
+            SpecDraftRequest(request=request, ticket_id=ticket_id, host=host)
+        )
+    )
     if drafted.spec_json is None:
         fail("the lead agent produced no valid spec:\n  " + "\n  ".join(drafted.problems))
     text = yaml.safe_dump(json.loads(drafted.spec_json), sort_keys=False)

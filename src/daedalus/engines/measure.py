@@ -238,4 +238,8 @@ def main(
 
 
 if __name__ == "__main__":
+    from daedalus.config import Settings
+    from daedalus.engines import paths
+
+    paths.configure(Settings.load().engines)  # `python -m` is an entry point of its own
     app()
