@@ -37,7 +37,6 @@ from daedalus.agents.settings import AgentSettings
 from daedalus.api.settings import ApiSettings
 from daedalus.engines.paths import EngineSettings
 from daedalus.errors import BadSettings
-from daedalus.schemas.ticket import host_queue
 from daedalus.slack.settings import SlackSettings
 
 CONTROL_QUEUE = "daedalus-control"
@@ -48,7 +47,6 @@ __all__ = [
     "EngineSettings",
     "Settings",
     "TemporalSettings",
-    "host_queue",
 ]
 
 PREFIX = "DAEDALUS_"
