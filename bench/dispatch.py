@@ -1,6 +1,7 @@
 """Dispatch latency and supervision overhead of coding agents.
 
-- dispatch_to_running: from the workflow start (the dispatch decision) to the agent's process running, through
+- dispatch_to_running: from the workflow start (the dispatch decision) to the agent's process running (inside its
+  bubblewrap sandbox, so the sandbox's start is included), through
   a real Temporal dev server and worker: the scripted agent, a fake `codex` executable, and the OpenAI tool loop
   against a local OpenAI-protocol server (there: until its first request arrives).
 - overhead per 1,000 events: a fake codex emits N JSONL events as fast as it can; the time Daedalus takes to
@@ -35,7 +36,7 @@ MARKS = Path()
 sys.path.insert(0, str(ROOT))
 
 from tests.activities.test_attempts import AttemptProbe, Probe  # noqa: E402
-from tests.agents.fakes import API_KEY, Script, Turn, serve, write_fake_cli  # noqa: E402
+from tests.agents.fakes import API_KEY, Script, Turn, fake_cli_settings, serve, write_fake_cli  # noqa: E402
 from tests.support import make_engine_repo, ticket_spec  # noqa: E402
 
 from daedalus.activities.attempts import AttemptActivities  # noqa: E402
@@ -67,7 +68,9 @@ async def dispatch_runs(client: Client, tmp: Path, kind: str, runs: int) -> list
     repo = make_engine_repo(tmp / f"engine-{kind}")
     fake = write_fake_cli(tmp / f"codex-{kind}", FAST_CODEX)
     workspace = Workspace(root=tmp / f"ws-{kind}", artifacts=tmp / f"art-{kind}")
-    activities = AttemptActivities(workspace, AgentSettings(codex_bin=str(fake)))
+    activities = AttemptActivities(
+        workspace, fake_cli_settings(tmp, codex_bin=str(fake), sandbox_writable=[str(MARKS)])
+    )
     queue = f"bench-{uuid.uuid4()}"
     samples: list[float] = []
     async with Worker(
@@ -149,7 +152,7 @@ async def overhead(tmp: Path, events: int, repeats: int) -> tuple[float, float]:
     os.environ.pop("BENCH_MARKS", None)
     os.environ["BENCH_EVENTS"] = str(events)
     raw, supervised = [], []
-    agent = CodexAgent(AgentSettings(codex_bin=str(fake), idle_timeout_s=60))
+    agent = CodexAgent(fake_cli_settings(tmp, codex_bin=str(fake), idle_timeout_s=60))
     beats = [0]
     for n in range(1, repeats + 1):
         t = time.perf_counter()

@@ -42,10 +42,23 @@ def kinds(rows: Sequence[AuditEventRow]) -> list[str]:
 async def pending(
     handle: WorkflowHandle[Any, TicketState], timeout: float = 60
 ) -> tuple[TicketState, DecisionRequest]:
-    """Wait until the ticket asks for a decision; return its state and the request."""
-    state = await wait_for(handle, lambda s: s.pending_decision is not None, timeout=timeout)
+    """Wait until the ticket asks its next decision; return its state and the request.
+
+    The status query reports the ticket as its trail in the store shows it, so an answered request stays visible
+    until its `decided` event is written: each call returns a request this helper has not returned before.
+    """
+    seen = _requests_returned.setdefault((handle.id, handle.result_run_id or handle.run_id), set())
+    state = await wait_for(
+        handle,
+        lambda s: s.pending_decision is not None and s.pending_decision.id not in seen,
+        timeout=timeout,
+    )
     assert state.pending_decision is not None
+    seen.add(state.pending_decision.id)
     return state, state.pending_decision
+
+
+_requests_returned: dict[tuple[str, str | None], set[str]] = {}
 
 
 async def started(client: Client, ticket_id: str, timeout: float = 60) -> WorkflowHandle[Any, TicketState]:

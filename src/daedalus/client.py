@@ -11,14 +11,22 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
-from temporalio.client import Client, WorkflowHandle, WorkflowQueryFailedError, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
+)
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from daedalus.errors import TicketError
+from daedalus.hosts.registry import Registry
 from daedalus.schemas import search_attributes
+from daedalus.schemas.limits import RESERVED_TICKET_PREFIXES, SPEC_BYTES
 from daedalus.schemas.ticket import (
     CancelRequest,
     Decision,
@@ -72,9 +80,28 @@ def parse_spec(data: Any, source: str = "spec") -> TicketSpec:
     return spec
 
 
+def descendants(spec: TicketSpec) -> list[TicketSpec]:
+    """The ticket and all its sub-tickets, depth first."""
+    return [spec, *(d for child in spec.children for d in descendants(child))]
+
+
 def require_workable(spec: TicketSpec, source: str = "spec") -> None:
     """Rules checked when a ticket is filed (not in the schema, so that stored histories still load)."""
-    for ticket in (spec, *spec.children):
+    tickets = descendants(spec)
+    ids = [t.id for t in tickets]
+    repeated = sorted({i for i in ids if ids.count(i) > 1})
+    if repeated:
+        raise TicketError(
+            f"{source}: ticket ids must be unique across the ticket and all its sub-tickets; repeated: {repeated}"
+        )
+    for ticket in tickets:
+        reserved = next((p for p in RESERVED_TICKET_PREFIXES if ticket.id.startswith(p)), None)
+        if reserved is not None:
+            raise TicketError(
+                f"{source}: ticket id {ticket.id!r} starts with {reserved!r}, which Daedalus reserves for training "
+                f"runs and the hunting tickets they open; choose another id"
+            )
+    for ticket in tickets:
         if ticket.agent is not None and ticket.engine is None:
             raise TicketError(
                 f"{source}: ticket {ticket.id} names agent {ticket.agent.name.value} but no engine: the agent "
@@ -86,21 +113,65 @@ def require_workable(spec: TicketSpec, source: str = "spec") -> None:
 def load_spec(path: Path) -> TicketSpec:
     """Read a YAML or JSON ticket spec; every problem is reported with its field path."""
     try:
-        text = path.read_text()
+        with path.open("rb") as file:
+            raw = file.read(SPEC_FILE_BYTES + 1)
     except OSError as error:
         raise TicketError(f"cannot read {path}: {error.strerror}") from error
+    if len(raw) > SPEC_FILE_BYTES:
+        raise TicketError(
+            f"{path} is larger than {SPEC_FILE_BYTES // 1024} KiB; a ticket spec is at most "
+            f"{SPEC_BYTES // 1024} KiB: put long briefs, patches and data in the repository and reference them"
+        )
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(raw.decode(errors="replace"), Loader=_SpecLoader)
     except yaml.YAMLError as error:
         raise TicketError(f"{path} is not valid YAML: {error}") from error
     return parse_spec(data, str(path))
 
 
+SPEC_FILE_BYTES = 2 * SPEC_BYTES
+"""A spec file may hold comments and indentation besides the spec itself."""
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """YAML without aliases: ten nested aliases expand a few hundred bytes into a billion list items."""
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.YAMLError(
+                f"aliases (*{getattr(event, 'anchor', '')}) are not allowed in a ticket spec "
+                f"(line {event.start_mark.line + 1}); write the value out"
+            )
+        return super().compose_node(parent, index)
+
+
+def require_known_hosts(spec: TicketSpec, hosts: Registry) -> None:
+    """Every host the ticket (and its children) names is declared in the host registry."""
+    for ticket in (spec, *spec.children):
+        if ticket.host not in hosts.names:
+            raise TicketError(
+                f"ticket {ticket.id} names unknown host {ticket.host!r}; hosts.yaml declares: "
+                f"{', '.join(hosts.names)} (fix the ticket's `host:`, or add the host to hosts.yaml)"
+            )
+
+
 async def file_ticket(
-    client: Client, spec: TicketSpec, *, queue: str, filed_by: str = "cli"
+    client: Client,
+    spec: TicketSpec,
+    *,
+    queue: str,
+    filed_by: str = "cli",
+    hosts: Registry | None = None,
 ) -> WorkflowHandle[Any, Any]:
-    """Start `ticket-<id>`; refuses while a ticket with that id is live, allows re-filing a closed one."""
+    """Start `ticket-<id>`; refuses while a ticket with that id is live, allows re-filing a closed one.
+
+    With `hosts` (the registry), a ticket naming an undeclared host is refused before anything starts.
+    """
     require_workable(spec)
+    await _refuse_live_children(client, spec)
+    if hosts is not None:
+        require_known_hosts(spec, hosts)
     try:
         return await client.start_workflow(
             TicketWorkflow.run,
@@ -116,6 +187,26 @@ async def file_ticket(
             f"ticket {spec.id} is already live (workflow {workflow_id(spec.id)}); amend it, cancel it, "
             f"or file under another id"
         ) from error
+    except RPCError as error:
+        raise TicketError(f"Temporal refused ticket {spec.id}: {error.message}") from error
+
+
+async def _refuse_live_children(client: Client, spec: TicketSpec) -> None:
+    """A sub-ticket whose id is live would make its parent fail when it gets to it, possibly days later."""
+    for child in descendants(spec)[1:]:
+        try:
+            description = await client.get_workflow_handle(workflow_id(child.id)).describe()
+        except RPCError as error:
+            if error.status is RPCStatusCode.NOT_FOUND:
+                continue
+            raise TicketError(
+                f"cannot check whether sub-ticket {child.id} is live: {error.message}"
+            ) from error
+        if description.status is WorkflowExecutionStatus.RUNNING:
+            raise TicketError(
+                f"sub-ticket {child.id} of {spec.id} is already live (workflow {workflow_id(child.id)}); "
+                f"give the sub-ticket another id, or cancel the live one first"
+            )
 
 
 def subject_of_request(request_id: str) -> tuple[str, str]:

@@ -130,6 +130,10 @@ class Settings(BaseSettings):
     artifacts: Path | None = Field(
         default=None, description="the artifact directory; None = <home>/artifacts"
     )
+    hosts_file: Path = Field(
+        default=Path(__file__).resolve().parents[2] / "examples" / "hosts.yaml",
+        description="the host registry (hosts.yaml); the demo's is examples/hosts.yaml",
+    )
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     temporal: TemporalSettings = Field(default_factory=TemporalSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
@@ -137,7 +141,7 @@ class Settings(BaseSettings):
     slack: SlackSettings = Field(default_factory=SlackSettings)
     engines: EngineSettings = Field(default_factory=EngineSettings)
 
-    @field_validator("home", "artifacts")
+    @field_validator("home", "artifacts", "hosts_file")
     @classmethod
     def _absolute(cls, path: Path | None) -> Path | None:
         # Worktrees and git run from other directories: a relative path would point somewhere else there.

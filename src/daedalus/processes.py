@@ -10,8 +10,12 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
+
+if TYPE_CHECKING:
+    from daedalus.sandbox import Sandbox
 
 TAIL_BYTES = 4000
 
@@ -62,32 +66,80 @@ def kill_group(pgid: int, grace_s: float = 3.0) -> None:
 STEP_TOKEN_ENV = "DAEDALUS_STEP_TOKEN"
 
 
+def step_token() -> str:
+    """A fresh marker for one step: every process of the step carries it in its environment."""
+    return uuid.uuid4().hex
+
+
 def mark_step(path: Path) -> str:
     """Write a fresh token to `path` before a step starts; its processes carry it in their environment.
 
     Written before the spawn, so a worker killed at any moment after it leaves a trace; matched by environment,
     so a reused pid can never be mistaken for the step's.
     """
-    token = uuid.uuid4().hex
+    token = step_token()
     path.write_text(token)
     return token
 
 
+def marked(token: str) -> list[psutil.Process]:
+    """Live processes whose environment carries step token `token`: `setsid` and `nohup` ones included, which
+    leave the step's process group but keep the environment they were started with.
+
+    Reads /proc/<pid>/environ as bytes (a zombie's is empty): psutil's parsed environ costs ~10x more, and
+    every step pays this sweep when it ends."""
+    needle = b"\0" + f"{STEP_TOKEN_ENV}={token}".encode() + b"\0"
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as handle:
+                environ = handle.read()
+        except OSError:
+            continue  # gone, or not ours to read
+        if needle in b"\0" + environ + b"\0":
+            with contextlib.suppress(psutil.Error):
+                found.append(psutil.Process(int(entry.name)))
+    return found
+
+
+def kill_marked(token: str, grace_s: float = 1.0) -> int:
+    """SIGTERM every process of the step `token`, SIGKILL what is left after `grace_s` (blocking: call it in
+    a thread from async code). Returns how many were found."""
+    found = marked(token)
+    for proc in found:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, alive = psutil.wait_procs(found, timeout=grace_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
+    # A process forked while we were killing carries the token too: one more pass catches it.
+    late = marked(token)
+    for proc in late:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(late, timeout=grace_s)
+    return len(found)
+
+
+def end_step(pgid: int, token: str, grace_s: float = 1.0) -> None:
+    """Whatever a step left running goes with it: its process group, then everything carrying its token."""
+    kill_group(pgid, grace_s)
+    kill_marked(token, grace_s)
+
+
 def kill_leftover(path: Path) -> bool:
-    """Kill every process group still running a step whose token `path` holds. True if any was found."""
+    """Kill every process still running a step whose token `path` holds. True if any was found."""
     try:
         token = path.read_text().strip()
     except OSError:
         return False
-    groups = set()
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error, ProcessLookupError):
-            if proc.environ().get(STEP_TOKEN_ENV) == token:
-                groups.add(os.getpgid(proc.pid))
-    for group in groups:
-        kill_group(group)
+    found = kill_marked(token, grace_s=3.0)
     path.unlink(missing_ok=True)
-    return bool(groups)
+    return found > 0
 
 
 async def run_logged(
@@ -101,23 +153,33 @@ async def run_logged(
     heartbeat_every_s: float = 2.0,
     stdout_path: Path | None = None,
     pidfile: Path | None = None,
+    sandbox: Sandbox | None = None,
 ) -> Finished:
     """Run a shell command to completion in a new session, output appended to `log_path`.
 
     With `stdout_path`, stdout goes there and only stderr to the log (for commands whose stdout is data).
-    Cancellation (an activity cancelled by Temporal) kills the whole process group before re-raising.
-    With `pidfile` (a step marker, see `mark_step`), a group left running by a worker that died (SIGKILL
-    leaves its session alive) is killed before the command starts again, so a retried step never runs
-    beside its own ghost.
+    The step ends with none of its processes alive: its group and every process carrying its step token
+    (`setsid`/`nohup` children too) are killed when the command exits, times out or is cancelled.
+    With `pidfile` (a step marker, see `mark_step`), processes left running by a worker that died (SIGKILL
+    leaves its session alive) are killed before the command starts again, so a retried step never runs
+    beside its own ghost. With `sandbox`, the command runs inside it, with only the sandbox's environment
+    (plus `env`) instead of the worker's.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    full_env = {**os.environ, **(env or {})}
     if pidfile is not None:
         await asyncio.to_thread(kill_leftover, pidfile)
-        full_env[STEP_TOKEN_ENV] = mark_step(pidfile)
+        token = mark_step(pidfile)
+    else:
+        token = step_token()
+    if sandbox is None:
+        argv = ["/bin/sh", "-c", command]
+        full_env = {**os.environ, **(env or {}), STEP_TOKEN_ENV: token}
+    else:
+        argv = sandbox.argv(["/bin/sh", "-c", command], cwd=cwd)
+        full_env = {**sandbox.environment(token), **(env or {})}
     with log_path.open("ab") as log, stdout_path.open("wb") if stdout_path else log as out:
-        process = await asyncio.create_subprocess_shell(
-            command,
+        process = await asyncio.create_subprocess_exec(
+            *argv,
             cwd=cwd,
             env=full_env,
             stdin=asyncio.subprocess.DEVNULL,
@@ -132,7 +194,7 @@ async def run_logged(
                 try:
                     returncode = await asyncio.wait_for(process.wait(), timeout=heartbeat_every_s)
                     # Whatever the command left running in the background (a server, a daemon) goes with it.
-                    await asyncio.to_thread(kill_group, process.pid, 1.0)
+                    await asyncio.to_thread(end_step, process.pid, token)
                     if pidfile is not None:
                         pidfile.unlink(missing_ok=True)
                     return Finished(returncode, log_path, timed_out=False)
@@ -140,11 +202,13 @@ async def run_logged(
                     if heartbeat is not None:
                         heartbeat()
                     if loop.time() > deadline:
-                        await asyncio.to_thread(kill_group, process.pid)
+                        await asyncio.to_thread(end_step, process.pid, token, 3.0)
                         await process.wait()
+                        if pidfile is not None:
+                            pidfile.unlink(missing_ok=True)
                         return Finished(process.returncode or -9, log_path, timed_out=True)
         except BaseException:
-            await asyncio.to_thread(kill_group, process.pid)
+            await asyncio.to_thread(end_step, process.pid, token, 3.0)
             await process.wait()
             if pidfile is not None:
                 pidfile.unlink(missing_ok=True)

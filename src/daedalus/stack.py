@@ -17,10 +17,13 @@ from temporalio.client import Client
 from daedalus.client import connect
 from daedalus.config import Settings
 from daedalus.devserver import DevServer
+from daedalus.hosts.holder import LeaseError, ensure_keeper
+from daedalus.hosts.registry import RegistryError, load_registry
 from daedalus.store.database import make_engine, migrate
 from daedalus.worker import WorkerConfig, build_workers
 
 log = structlog.get_logger()
+KEEPER_START_S = 15.0
 
 
 @dataclass
@@ -40,6 +43,24 @@ def tools_on_path() -> None:
     bin_dir = str(Path(sys.executable).parent)
     if os.environ.get("PATH", "").split(os.pathsep)[0] != bin_dir:
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+
+
+async def start_lease_keepers(client: Client, settings: Settings) -> None:
+    """One lease keeper per host in the registry (already running ones get the current hosts.yaml entry)."""
+    try:
+        registry = load_registry(settings.hosts_file)
+    except RegistryError as error:
+        log.warning("no lease keepers: the host registry cannot be read", error=str(error))
+        return
+    for host in registry.names:
+        try:
+            await asyncio.wait_for(
+                ensure_keeper(client, registry, host, control_queue=settings.temporal.control_queue),
+                KEEPER_START_S,
+            )
+        except (LeaseError, TimeoutError) as error:
+            log.warning("lease keeper not started", host=host, error=str(error) or "timed out")
+    log.info("lease keepers running", hosts=registry.names)
 
 
 @asynccontextmanager
@@ -72,6 +93,8 @@ async def running_stack(
         config = WorkerConfig.from_settings(settings, hosts)
         workers = build_workers(client, config, engine)
         tasks = [asyncio.create_task(worker.run()) for worker in workers]
+        if control:
+            await start_lease_keepers(client, settings)
         log.info("workers started", control=control, hosts=hosts, queue=temporal.control_queue)
         try:
             yield Stack(client=client, engine=engine, settings=settings, server=server)

@@ -15,6 +15,12 @@ from daedalus.activities.audit import AuditActivities
 from daedalus.activities.builds import BuildActivities
 from daedalus.activities.engines import EngineActivities
 from daedalus.activities.gates import GateActivities
+from daedalus.activities.hosts import (
+    KeeperStoreActivities,
+    LeaseActivities,
+    LeasedCommandActivities,
+    TenantActivities,
+)
 from daedalus.activities.notify import NotifyActivities
 from daedalus.activities.training import TrainingActivities
 from daedalus.activities.workspace import Workspace
@@ -24,10 +30,12 @@ from daedalus.engines import paths
 from daedalus.engines.paths import EngineSettings
 from daedalus.schemas.ticket import host_queue
 from daedalus.slack.settings import SlackSettings
+from daedalus.workflows.lease_keeper import LeaseKeeperWorkflow
+from daedalus.workflows.leased_step import LeasedStepWorkflow
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
 
-WORKFLOWS: Sequence[type] = (TicketWorkflow, TrainingRunWorkflow)
+WORKFLOWS: Sequence[type] = (TicketWorkflow, TrainingRunWorkflow, LeaseKeeperWorkflow, LeasedStepWorkflow)
 
 
 @dataclass(frozen=True)
@@ -65,14 +73,26 @@ def control_worker(client: Client, config: WorkerConfig, engine: Engine) -> Work
     """Workflows and the activities that touch the network or the database."""
     audit = AuditActivities(engine)
     notify = NotifyActivities(config.slack, config.artifacts / "slack-posted")
+    keepers, leases = KeeperStoreActivities(engine), LeaseActivities()
     return Worker(
         client,
         task_queue=config.control_queue,
         workflows=list(WORKFLOWS),
-        activities=[audit.record_audit_event, notify.notify_decision_request],
+        activities=[
+            audit.record_audit_event,
+            notify.notify_decision_request,
+            keepers.passed_tickets,
+            leases.acquire_lease,
+            leases.release_lease,
+        ],
         workflow_failure_exception_types=[Exception] if config.fail_workflows_on_bugs else [],
         max_concurrent_activities=config.max_concurrent_activities,
     )
+
+
+def gpu_state_dir(workspace_root: Path, host: str) -> Path:
+    """Where a host with simulated GPUs keeps their used memory (tenant commands get it as DAEDALUS_GPU_STATE_DIR)."""
+    return workspace_root / host / "gpus"
 
 
 def host_worker(client: Client, config: WorkerConfig, host: str) -> Worker:
@@ -87,6 +107,8 @@ def host_worker(client: Client, config: WorkerConfig, host: str) -> Worker:
         paths.configure(config.engines)
     engines = EngineActivities(config.artifacts)
     training = TrainingActivities(config.artifacts, state_dir=config.workspace_root / host / "training")
+    tenants = TenantActivities(gpu_state_dir(config.workspace_root, host))
+    leased = LeasedCommandActivities(config.artifacts)
     return Worker(
         client,
         task_queue=host_queue(host),
@@ -99,6 +121,9 @@ def host_worker(client: Client, config: WorkerConfig, host: str) -> Worker:
             engines.run_quality_probe,
             training.supervise_training,
             training.training_host_report,
+            tenants.pause_tenant,
+            tenants.resume_tenant,
+            leased.run_leased,
         ],
         max_concurrent_activities=config.max_concurrent_activities,
     )

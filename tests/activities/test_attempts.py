@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -21,11 +22,10 @@ from daedalus.activities.attempts import AttemptActivities
 from daedalus.activities.workspace import Workspace
 from daedalus.agents.base import RESULT_FILE, RUNNING_FILE
 from daedalus.agents.lessons import record_lesson
-from daedalus.agents.settings import AgentSettings
 from daedalus.schemas._base import Model
 from daedalus.schemas.agents import AgentResult, ExitReason
 from daedalus.schemas.steps import AttemptInput
-from tests.agents.fakes import write_fake_cli
+from tests.agents.fakes import fake_cli_settings, sleeping, unique_sleep, write_fake_cli
 from tests.support import make_engine_repo, ticket_spec
 
 
@@ -57,7 +57,7 @@ class AttemptProbe:
 
 SLOW_CODEX = """
 emit(type="thread.started", thread_id="th_1")
-child = subprocess.Popen(["sleep", "300"])
+child = subprocess.Popen(["sleep", os.environ.get("FAKE_SLEEP", "300")], start_new_session=True)
 open(os.path.join(SIDE, "child"), "w").write(str(child.pid))
 for i in range(int(os.environ.get("FAKE_STEPS", "8"))):
     emit(type="item.completed", item={"id": f"r{i}", "type": "reasoning", "text": "thinking"})
@@ -80,7 +80,7 @@ class Env:
         self.side.mkdir()
         self.workspace = Workspace(root=tmp_path / "ws", artifacts=tmp_path / "artifacts")
         fake = write_fake_cli(tmp_path / "codex", codex_body)
-        self.activities = AttemptActivities(self.workspace, AgentSettings(codex_bin=str(fake)))
+        self.activities = AttemptActivities(self.workspace, fake_cli_settings(tmp_path, codex_bin=str(fake)))
 
     def request(self, agent: dict[str, Any] | None = None, **overrides: Any) -> AttemptInput:
         spec = ticket_spec(
@@ -109,6 +109,7 @@ class Env:
 @pytest.fixture
 def env(tmp_path: Path, temporal_client: Client, task_queue: str, monkeypatch: pytest.MonkeyPatch) -> Env:
     monkeypatch.setenv("FAKE_SIDE_DIR", str(tmp_path / "side"))
+    monkeypatch.setenv("FAKE_SLEEP", unique_sleep())
     return Env(tmp_path, temporal_client, task_queue)
 
 
@@ -138,14 +139,14 @@ async def test_cancelling_kills_the_agent_group_and_records_a_cancelled_attempt(
                 break
             await asyncio.sleep(0.05)
         agent_pid = json.loads((artifacts / RUNNING_FILE).read_text())["pid"]
-        child_pid = int((env.side / "child").read_text())
+        assert sleeping(os.environ["FAKE_SLEEP"]), "the agent's child runs"
         await handle.cancel()
         with pytest.raises(WorkflowFailureError):
             await handle.result()
     result = AgentResult.model_validate_json((artifacts / RESULT_FILE).read_text())
     assert result.exit_reason is ExitReason.CANCELLED and "killed" in result.detail
-    for pid in (agent_pid, child_pid):
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
+    assert not psutil.pid_exists(agent_pid) or psutil.Process(agent_pid).status() == psutil.STATUS_ZOMBIE
+    assert not sleeping(os.environ["FAKE_SLEEP"]), "the agent's child (a session of its own) outlived it"
     assert env.starts() == 1
 
 
@@ -163,7 +164,8 @@ async def test_scripted_attempt_is_recorded_once_and_labelled(env: Env) -> None:
 async def test_prompt_carries_lessons_and_the_previous_failure(env: Env) -> None:
     record_lesson(env.workspace.root, "toy", "prefix caching breaks partial prefill", source="ticket 3")
     request = env.request().model_copy(update={"brief": "gate decode failed: 28.9 < 55 (median of 5 runs)"})
-    env.activities.settings = AgentSettings(
+    env.activities.settings = fake_cli_settings(
+        env.tmp_path,
         codex_bin=str(
             write_fake_cli(
                 env.tmp_path / "quick",
@@ -171,7 +173,7 @@ async def test_prompt_carries_lessons_and_the_previous_failure(env: Env) -> None
 emit(type="item.completed", item={"id": "m", "type": "agent_message", "text": "nothing to do. RESULT: success"})
 """,
             )
-        )
+        ),
     )
     async with env.worker():
         result = await env.run(Probe(request=request))
@@ -182,7 +184,8 @@ emit(type="item.completed", item={"id": "m", "type": "agent_message", "text": "n
 
 
 async def test_commit_outside_allowed_paths_is_forbidden(env: Env) -> None:
-    env.activities.settings = AgentSettings(
+    env.activities.settings = fake_cli_settings(
+        env.tmp_path,
         codex_bin=str(
             write_fake_cli(
                 env.tmp_path / "rogue",
@@ -192,7 +195,7 @@ sh("git commit -qam rogue")
 emit(type="turn.completed", usage={"input_tokens": 1, "cached_input_tokens": 0, "output_tokens": 1})
 """,
             )
-        )
+        ),
     )
     async with env.worker():
         result = await env.run(Probe(request=env.request(allowed_paths=["src"])))

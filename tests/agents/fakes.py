@@ -24,6 +24,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from daedalus.agents.settings import AgentSettings
+
 API_KEY = "test-key"
 
 
@@ -287,6 +289,37 @@ def serve(script: Script) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=5)
+
+
+FAKE_ENV = ["FAKE_SIDE_DIR", "FAKE_PIDS", "FAKE_STEPS", "FAKE_SLEEP", "BENCH_EVENTS", "BENCH_MARKS"]
+
+
+def fake_cli_settings(tmp_path: Path, **fields: Any) -> AgentSettings:
+    """Settings for a fake CLI agent in its sandbox: it sees this interpreter (its shebang: the venv and the Python it was made from) read-only, may write
+    its side directories under `tmp_path`, and gets the FAKE_* variables that steer it. Nothing else."""
+    sandbox: dict[str, Any] = {
+        "sandbox_read_only": [sys.prefix, sys.base_prefix],
+        "sandbox_writable": [str(tmp_path / "side"), str(tmp_path / "pids")],
+        "sandbox_pass_env": FAKE_ENV,
+    }
+    return AgentSettings(**{**sandbox, **fields})
+
+
+def unique_sleep() -> str:
+    """A `sleep` argument no other process on this shared machine uses: finds the fake's child by cmdline,
+    since the pid it sees inside its sandbox's pid namespace means nothing outside."""
+    return f"300.{uuid.uuid4().int % 10**9:09d}"
+
+
+def sleeping(seconds: str) -> list[int]:
+    """Host pids of live `sleep <seconds>` processes."""
+    import psutil
+
+    return [
+        p.pid
+        for p in psutil.process_iter(["cmdline", "status"])
+        if p.info["cmdline"] == ["sleep", seconds] and p.info["status"] != psutil.STATUS_ZOMBIE
+    ]
 
 
 def write_fake_cli(path: Path, body: str) -> Path:

@@ -6,7 +6,6 @@ import json
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from daedalus.agents.base import EVENTS_FILE, RUNNING_FILE, USAGE_FILE
@@ -17,7 +16,7 @@ from daedalus.agents.settings import AgentSettings
 from daedalus.errors import AgentConfigError
 from daedalus.schemas.agents import ExitReason
 from tests.agents.conftest import Beats, MakeTask
-from tests.agents.fakes import write_fake_cli
+from tests.agents.fakes import fake_cli_settings, sleeping, unique_sleep, write_fake_cli
 
 CODEX_OK = """
 emit(type="thread.started", thread_id="th_1")
@@ -43,7 +42,7 @@ async def test_codex_runs_streams_and_reports_usage(
     monkeypatch.setenv("FAKE_SIDE_DIR", str(side))
     fake = write_fake_cli(tmp_path / "codex", CODEX_OK)
     task = make_task({"name": "codex", "model": "gpt-5-codex", "budget_usd": 5})
-    result = await CodexAgent(AgentSettings(codex_bin=str(fake))).run(
+    result = await CodexAgent(fake_cli_settings(tmp_path, codex_bin=str(fake))).run(
         task, artifacts=artifacts, heartbeat=beats
     )
     assert result.exit_reason is ExitReason.COMMITTED, result.detail
@@ -73,7 +72,7 @@ async def test_codex_unknown_model_cost_is_unavailable_not_zero(
 ) -> None:
     fake = write_fake_cli(tmp_path / "codex", CODEX_OK)
     task = make_task({"name": "codex", "budget_usd": 1})
-    result = await CodexAgent(AgentSettings(codex_bin=str(fake))).run(
+    result = await CodexAgent(fake_cli_settings(tmp_path, codex_bin=str(fake))).run(
         task, artifacts=artifacts, heartbeat=beats
     )
     assert result.usage.cost_usd is None and result.usage.cost_source == "unavailable"
@@ -89,7 +88,7 @@ async def test_codex_that_hangs_is_killed_with_its_children(
         tmp_path / "codex",
         """
 emit(type="thread.started", thread_id="th_1")
-child = subprocess.Popen(["sleep", "300"])
+child = subprocess.Popen(["sleep", os.environ["FAKE_SLEEP"]], start_new_session=True)
 open(os.path.join(os.environ["FAKE_PIDS"], "child"), "w").write(str(child.pid))
 time.sleep(300)
 """,
@@ -97,14 +96,15 @@ time.sleep(300)
     pids = tmp_path / "pids"
     pids.mkdir()
     task = make_task({"name": "codex"}, idle_timeout_s=1)
-    agent = CodexAgent(AgentSettings(codex_bin=str(fake)))
+    agent = CodexAgent(fake_cli_settings(tmp_path, codex_bin=str(fake)))
     monkeypatch.setenv("FAKE_PIDS", str(pids))
+    monkeypatch.setenv("FAKE_SLEEP", sleep := unique_sleep())
     started = time.monotonic()
     result = await agent.run(task, artifacts=artifacts, heartbeat=beats)
     assert result.exit_reason is ExitReason.TIMEOUT and "no event" in result.detail
     assert time.monotonic() - started < 15
-    child = int((pids / "child").read_text())
-    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    assert (pids / "child").exists(), "the fake started its child"
+    assert not sleeping(sleep), "the agent's child (in a session of its own) outlived the agent"
     assert beats.details, "the supervisor heartbeats while it waits"
 
 
@@ -120,7 +120,7 @@ sys.exit(3)
 """,
     )
     task = make_task({"name": "codex"})
-    result = await CodexAgent(AgentSettings(codex_bin=str(fake))).run(
+    result = await CodexAgent(fake_cli_settings(tmp_path, codex_bin=str(fake))).run(
         task, artifacts=artifacts, heartbeat=beats
     )
     assert result.exit_reason is ExitReason.FAILED
@@ -144,7 +144,7 @@ time.sleep(60)
         out = artifacts / item["type"]
         out.mkdir()
         task = make_task({"name": "codex"})
-        result = await CodexAgent(AgentSettings(codex_bin=str(fake))).run(
+        result = await CodexAgent(fake_cli_settings(tmp_path, codex_bin=str(fake))).run(
             task, artifacts=out, heartbeat=beats
         )
         assert result.exit_reason is ExitReason.FORBIDDEN, result.detail
@@ -189,7 +189,7 @@ async def test_claude_reports_provider_cost_and_passes_caps(
     monkeypatch.setenv("FAKE_SIDE_DIR", str(side))
     fake = write_fake_cli(tmp_path / "claude", CLAUDE_OK)
     task = make_task({"name": "claude", "budget_usd": 2.5}, max_turns=7)
-    result = await ClaudeAgent(AgentSettings(claude_bin=str(fake))).run(
+    result = await ClaudeAgent(fake_cli_settings(tmp_path, claude_bin=str(fake))).run(
         task, artifacts=artifacts, heartbeat=beats
     )
     assert result.exit_reason is ExitReason.COMMITTED and result.claimed_success is True
@@ -216,7 +216,7 @@ time.sleep(60)
     )
     task = make_task({"name": "claude", "budget_usd": 0.5})
     started = time.monotonic()
-    result = await ClaudeAgent(AgentSettings(claude_bin=str(fake))).run(
+    result = await ClaudeAgent(fake_cli_settings(tmp_path, claude_bin=str(fake))).run(
         task, artifacts=artifacts, heartbeat=beats
     )
     assert result.exit_reason is ExitReason.BUDGET_EXCEEDED and "over its budget" in result.detail
@@ -237,7 +237,7 @@ emit(type="result", subtype="error_max_turns", is_error=True, num_turns=7, total
      usage={"input_tokens": 10, "output_tokens": 5})
 """,
     )
-    result = await ClaudeAgent(AgentSettings(claude_bin=str(fake))).run(
+    result = await ClaudeAgent(fake_cli_settings(tmp_path, claude_bin=str(fake))).run(
         make_task({"name": "claude"}), artifacts=artifacts, heartbeat=beats
     )
     assert result.exit_reason is ExitReason.FAILED and "error_max_turns" in result.detail

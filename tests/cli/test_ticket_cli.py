@@ -21,8 +21,12 @@ DAEDALUS = str(Path(sys.executable).parent / "daedalus")
 
 @pytest.fixture
 def cli_env(temporal_server: DevServer, tmp_path: Path, task_queue: str) -> dict[str, str]:
+    # Filing refuses a host the registry does not declare: declare this test's host (see `workers`).
+    hosts_file = tmp_path / "hosts.yaml"
+    hosts_file.write_text(yaml.safe_dump({"hosts": [{"name": f"cli-{task_queue[-8:]}"}]}))
     return {
         **os.environ,
+        "DAEDALUS_HOSTS_FILE": str(hosts_file),
         "DAEDALUS_TEMPORAL_ADDRESS": temporal_server.address,
         "DAEDALUS_HOME": str(tmp_path / "home"),
         "DAEDALUS_CONTROL_QUEUE": task_queue,

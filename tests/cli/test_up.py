@@ -37,23 +37,36 @@ def start_up(env: dict[str, str], port: int) -> subprocess.Popen[str]:
     return process
 
 
-def stop_up(process: subprocess.Popen[str]) -> str:
+def stop_up(process: subprocess.Popen[str], signum: signal.Signals = signal.SIGINT) -> str:
     children = psutil.Process(process.pid).children(recursive=True)
-    process.send_signal(signal.SIGINT)
+    assert children, "the embedded Temporal runs as a child of daedalus up"
+    process.send_signal(signum)
     output, _ = process.communicate(timeout=60)
     _, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, f"left behind: {alive}"
     return output
 
 
-async def test_up_serves_tickets_and_keeps_them_across_a_restart(tmp_path: Path) -> None:
-    port, ui_port = free_port(), free_port()
-    env = {
+def up_env(tmp_path: Path, port: int, ui_port: int) -> dict[str, str]:
+    return {
         **os.environ,
         "DAEDALUS_HOME": str(tmp_path / "home"),
         "DAEDALUS_TEMPORAL_PORT": str(port),
         "DAEDALUS_UI_PORT": str(ui_port),
     }
+
+
+def test_sigterm_stops_everything_as_ctrl_c_does(tmp_path: Path) -> None:
+    port, ui_port = free_port(), free_port()
+    process = start_up(up_env(tmp_path, port, ui_port), port)
+    output = stop_up(process, signal.SIGTERM)
+    assert process.returncode == 0 and "stopped" in output, output
+    assert not port_is_open(port) and not port_is_open(ui_port)
+
+
+async def test_up_serves_tickets_and_keeps_them_across_a_restart(tmp_path: Path) -> None:
+    port, ui_port = free_port(), free_port()
+    env = up_env(tmp_path, port, ui_port)
     process = start_up(env, port)
     try:
         client = await tickets.connect(f"127.0.0.1:{port}")

@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 from temporalio.client import Client
 
 from daedalus import client as daedalus
+from daedalus.agents.settings import AgentSettings
 from daedalus.errors import TicketError
 from daedalus.schemas.gates import Verdict
 from daedalus.schemas.ticket import (
@@ -339,18 +340,24 @@ async def test_invalid_gate_is_rerun_before_escalating(
 
 
 async def test_retry_grants_one_more_attempt(
-    temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
+    temporal_client: Client,
+    sqlite_engine: Engine,
+    tmp_path: Path,
+    task_queue: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     host = host_of(task_queue)
     source = tmp_path / "what-the-agent-writes.txt"
     source.write_text("40.0\n")
+    # The scripted agent's commands run in the worktree's sandbox: the file it copies must be shown to it.
+    agent = AgentSettings(sandbox_read_only=[str(source)])
     spec = ticket_spec(
         make_engine_repo(tmp_path / "repo"),
         host,
         agent={"name": "scripted", "commands": [f"cp {source} speed.txt"]},
         max_attempts=1,
     )
-    async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
+    async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host, agent=agent):
         handle = await daedalus.file_ticket(temporal_client, spec, queue=task_queue)
         _, request = await pending(handle)
         source.write_text("56.0\n")  # what the next attempt will do differently

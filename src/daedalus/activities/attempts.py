@@ -12,6 +12,7 @@ from pathlib import Path
 
 import structlog
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from daedalus.activities.workspace import Workspace
 from daedalus.agents import worktree as wt
@@ -23,10 +24,19 @@ from daedalus.agents.prompt import build_prompt
 from daedalus.agents.registry import CodingAgent, agent_for
 from daedalus.agents.settings import AgentSettings
 from daedalus.errors import AgentConfigError, GitError, InputError, SetupError, maps_errors
+from daedalus.hosts.mirrors import ENVIRONMENT_ERROR, EngineRepoUnavailable
+from daedalus.sandbox import SandboxError, bwrap_binary
 from daedalus.schemas.agents import AgentResult, AgentTask, AgentUsage, ExitReason
 from daedalus.schemas.steps import AttemptInput
 
 log = structlog.get_logger(__name__)
+
+
+def _checkout_status(repo: Path) -> str | None:
+    """`git status` of a local engine checkout; None for a host's bare mirror, which has no files to change."""
+    if wt.git("rev-parse", "--is-bare-repository", cwd=repo) == "true":
+        return None
+    return wt.git("status", "--porcelain", cwd=repo)
 
 
 class AttemptActivities:
@@ -41,10 +51,14 @@ class AttemptActivities:
         if spec.agent is None or spec.engine is None:
             raise InputError(f"ticket {spec.id} has no agent or engine to attempt; give its spec both")
         check_allowed_paths(spec.allowed_paths)
+        try:
+            bwrap_binary()  # before a worktree is made: an agent never runs outside its sandbox
+        except SandboxError as error:
+            raise SetupError(str(error)) from error
         settings = self.settings
         if spec.engine is not None and request.filing:
             self.workspace.claim(
-                spec.id, request.attempt, request.filing, Path(spec.engine.repo).expanduser()
+                spec.id, request.attempt, request.filing, self.workspace.repo_path(spec.engine)
             )
         artifacts = self.workspace.attempt_artifacts(spec.id, request.attempt)
         result_file = artifacts / RESULT_FILE
@@ -53,11 +67,11 @@ class AttemptActivities:
             return AgentResult.model_validate_json(result_file.read_text())
         worktree = self.workspace.worktree(spec.id, request.attempt)
         branch = wt.branch_name(spec.id, request.attempt)
-        repo = Path(spec.engine.repo).expanduser()
-        if not (repo / ".git").exists():
-            raise SetupError(
-                f"engine repo {repo} is not a git checkout on host {spec.host}; clone it there first"
-            )
+        try:
+            repo = await asyncio.to_thread(self.workspace.sync_engine, spec.engine, spec.host)
+        except EngineRepoUnavailable as error:
+            # The host's environment, not the agent: no agent ran, so this spends no attempt (see ENVIRONMENT_ERROR).
+            raise ApplicationError(str(error), type=ENVIRONMENT_ERROR, non_retryable=True) from error
         try:
             base = wt.prepare_worktree(
                 repo=repo, base_commit=spec.engine.base_commit, worktree=worktree, branch=branch
@@ -83,7 +97,7 @@ class AttemptActivities:
             max_turns=settings.max_turns,
         )
         agent = agent_for(spec.agent, settings)
-        repo_status = wt.git("status", "--porcelain", cwd=repo)
+        repo_status = _checkout_status(repo)
         started = time.time()
         try:
             result = await self._run_or_follow(task, agent, artifacts, base)
@@ -92,7 +106,7 @@ class AttemptActivities:
                 raise  # the activity timed out, not the ticket: the retry follows the same agent
             _write_result(artifacts, _cancelled(task, agent, artifacts, started))
             raise
-        if wt.git("status", "--porcelain", cwd=repo) != repo_status:
+        if _checkout_status(repo) != repo_status:
             result = result.model_copy(
                 update={
                     "exit_reason": ExitReason.FORBIDDEN,
@@ -146,7 +160,7 @@ class AttemptActivities:
             return await agent.run(
                 task, artifacts=artifacts, heartbeat=activity.heartbeat, keep_on_cancel=_leave_agent_running
             )
-        except AgentConfigError as error:
+        except (AgentConfigError, SandboxError) as error:
             return _recorded(task, agent, artifacts, ExitReason.FAILED, str(error))
 
 

@@ -1,6 +1,7 @@
 """Run a gate's measuring command on the ticket's host and decide its verdict (MEASUREMENT.md)."""
 
 import json
+import os
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -10,8 +11,11 @@ from daedalus.activities.workspace import Workspace
 from daedalus.agents.worktree import prepare_worktree
 from daedalus.errors import GitError, maps_errors
 from daedalus.gates.verdicts import decide
+from daedalus.hosts.mirrors import EngineRepoUnavailable
+from daedalus.paths import UnsafePathError, contained
 from daedalus.processes import log_tail, run_logged
 from daedalus.schemas.gates import GateMeasurement, GateResult, Verdict
+from daedalus.schemas.limits import GATE_OUTPUT_BYTES, MAX_GATE_SAMPLES
 from daedalus.schemas.steps import GateInput
 
 
@@ -26,13 +30,18 @@ class GateActivities:
         gate = request.gate
         artifacts = self.workspace.attempt_artifacts(request.ticket_id, request.attempt)
         stem = f"gate-{gate.name}-round-{request.round}"
-        stdout_path, log_path = artifacts / f"{stem}.json", artifacts / f"{stem}.log"
+        try:
+            stdout_path, log_path, pidfile = (
+                contained(artifacts, f"{stem}.{suffix}") for suffix in ("json", "log", "pid")
+            )
+        except UnsafePathError as error:
+            return self._invalid(request, str(error), {})
         log_path.unlink(missing_ok=True)
         workdir = self.workspace.worktree(request.ticket_id, request.attempt)
         if not workdir.exists():
             try:
                 self._checkout_as_it_stands(request, workdir)
-            except (GitError, FileNotFoundError) as error:
+            except (GitError, EngineRepoUnavailable) as error:
                 return self._invalid(request, f"cannot check out what to measure: {error}", {})
         finished = await run_logged(
             gate.command,
@@ -41,7 +50,7 @@ class GateActivities:
             stdout_path=stdout_path,
             timeout_s=gate.timeout_s,
             heartbeat=activity.heartbeat,
-            pidfile=artifacts / f"{stem}.pid",
+            pidfile=pidfile,
         )
         evidence = {"stdout": str(stdout_path), "log": str(log_path)}
         if finished.timed_out or finished.returncode != 0:
@@ -52,22 +61,19 @@ class GateActivities:
             )
             return self._invalid(request, f"gate command {what}: {log_tail(log_path, 600)}", evidence)
         try:
-            measurement = parse_measurement(stdout_path.read_text())
+            measurement = parse_measurement(read_tail(stdout_path, GATE_OUTPUT_BYTES))
         except ValueError as error:
             return self._invalid(request, str(error), evidence)
         measurement = measurement.model_copy(update={"evidence": {**measurement.evidence, **evidence}})
         return decide(gate, measurement, host=request.host, commit=request.commit)
 
-    @staticmethod
-    def _checkout_as_it_stands(request: GateInput, workdir: Path) -> None:
+    def _checkout_as_it_stands(self, request: GateInput, workdir: Path) -> None:
         """A ticket without an agent measures its engine at the base commit, or, with no engine, from an empty
         directory (its gate commands name what they measure)."""
         if request.engine is None:
             workdir.mkdir(parents=True, exist_ok=True)
             return
-        repo = Path(request.engine.repo).expanduser()
-        if not (repo / ".git").exists():
-            raise FileNotFoundError(f"engine repo {repo} is not a git checkout on host {request.host}")
+        repo = self.workspace.sync_engine(request.engine, request.host)
         branch = f"daedalus/{request.ticket_id}/as-it-stands"
         prepare_worktree(repo=repo, base_commit=request.engine.base_commit, worktree=workdir, branch=branch)
 
@@ -86,16 +92,42 @@ class GateActivities:
         )
 
 
+def read_tail(path: Path, limit: int) -> str:
+    """The last `limit` bytes of a file: a gate that prints gigabytes costs the worker no more than that."""
+    with path.open("rb") as file:
+        size = file.seek(0, os.SEEK_END)
+        file.seek(max(0, size - limit))
+        return file.read().decode(errors="replace")
+
+
 def parse_measurement(stdout: str) -> GateMeasurement:
     """The last line of stdout that is a JSON object is the measurement (earlier lines may be progress)."""
     for line in reversed(stdout.strip().splitlines()):
         line = line.strip()
         if line.startswith("{"):
             try:
-                return GateMeasurement.model_validate(json.loads(line))
-            except (json.JSONDecodeError, ValidationError) as error:
+                data = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"gate output is not a valid measurement: {error}") from error
+            _refuse_oversampled(data)
+            try:
+                return GateMeasurement.model_validate(data)
+            except ValidationError as error:
                 raise ValueError(f"gate output is not a valid measurement: {error}") from error
     raise ValueError(
         "gate command printed no JSON measurement; print one line like "
         '{"samples": [56.1, 55.8], "unit": "tok/s"} on stdout'
     )
+
+
+def _refuse_oversampled(data: object) -> None:
+    """Counted before validation, so that a huge sample list is refused before it becomes a model."""
+    if not isinstance(data, dict):
+        return
+    for field in ("samples", "baseline_samples"):
+        values = data.get(field)
+        if isinstance(values, list) and len(values) > MAX_GATE_SAMPLES:
+            raise ValueError(
+                f"gate measurement has {len(values)} {field}, more than the {MAX_GATE_SAMPLES} a verdict may "
+                f"carry; aggregate rounds (e.g. one median per round) before printing them"
+            )

@@ -4,6 +4,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from daedalus.agents import worktree as wt
+from daedalus.hosts.mirrors import EngineRepoUnavailable, is_url, mirror_path, resolve_commit, sync_mirror
+from daedalus.paths import contained
+from daedalus.schemas.ticket import EngineRef
 
 FILING_MARKER = "filing"
 
@@ -13,8 +16,37 @@ class Workspace:
     root: Path
     artifacts: Path
 
+    @property
+    def mirrors(self) -> Path:
+        return self.root / "mirrors"
+
+    def repo_path(self, engine: EngineRef) -> Path:
+        """Where the engine's git repo is on this host, without touching it: the checkout given as a local
+        path, or this host's mirror of a URL."""
+        if is_url(engine.repo):
+            return mirror_path(self.mirrors, engine.repo)
+        return Path(engine.repo).expanduser()
+
+    def sync_engine(self, engine: EngineRef, host: str) -> Path:
+        """The repo an attempt's worktree is made from, up to date and holding the base commit.
+
+        A URL is mirrored (`git clone --mirror` the first time, fetched every time after); a local path must be
+        a checkout. Raises EngineRepoUnavailable (an environment error, not the agent's) with what to fix.
+        """
+        if is_url(engine.repo):
+            repo = sync_mirror(engine.repo, self.mirrors, host=host)
+        else:
+            repo = Path(engine.repo).expanduser()
+            if not (repo / ".git").exists():
+                raise EngineRepoUnavailable(
+                    f"engine repo {repo} is not a git checkout on host {host}; clone it there first, or give "
+                    f"the engine's URL (the host then keeps a mirror of it)"
+                )
+        resolve_commit(repo, engine.base_commit, url=engine.repo, host=host)
+        return repo
+
     def worktree(self, ticket_id: str, attempt: int) -> Path:
-        return self.root / "worktrees" / ticket_id / f"attempt-{attempt}"
+        return contained(self.root, "worktrees", ticket_id, f"attempt-{attempt}")
 
     def claim(self, ticket_id: str, attempt: int, filing: str, repo: Path) -> None:
         """Make attempt `attempt` of ticket `ticket_id` belong to this filing of the id.
@@ -39,6 +71,6 @@ class Workspace:
         marker.write_text(filing)
 
     def attempt_artifacts(self, ticket_id: str, attempt: int) -> Path:
-        path = self.artifacts / "tickets" / ticket_id / f"attempt-{attempt}"
+        path = contained(self.artifacts, "tickets", ticket_id, f"attempt-{attempt}")
         path.mkdir(parents=True, exist_ok=True)
         return path

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -12,6 +13,8 @@ from typing import Any, Literal
 import psutil
 
 from daedalus.agents.costs import CostMeter
+from daedalus.agents.settings import AgentSettings
+from daedalus.sandbox import Sandbox
 from daedalus.schemas.agents import AgentResult, AgentTask, ExitReason
 
 Heartbeat = Callable[..., None]
@@ -33,10 +36,13 @@ class RunningRecord:
     kind: Literal["process", "worker"]
     agent: str
     started_at: float
+    token: str | None = None  # the step token its processes carry (see daedalus.processes)
 
     @classmethod
-    def of(cls, pid: int, *, kind: Literal["process", "worker"], agent: str) -> RunningRecord:
-        return cls(pid, psutil.Process(pid).create_time(), kind, agent, time.time())
+    def of(
+        cls, pid: int, *, kind: Literal["process", "worker"], agent: str, token: str | None = None
+    ) -> RunningRecord:
+        return cls(pid, psutil.Process(pid).create_time(), kind, agent, time.time(), token)
 
     def write(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
@@ -59,6 +65,20 @@ class RunningRecord:
             )
         except psutil.Error:
             return False
+
+
+def command_sandbox(task: AgentTask, settings: AgentSettings) -> Sandbox:
+    """Where an agent's commands run when the agent is not a program of its own (tool-loop shells, the scripted
+    agent's commands): the task's worktree and branch, no network, no home, only the variables named in
+    `sandbox_pass_env`."""
+    passed = {name: os.environ[name] for name in settings.sandbox_pass_env if name in os.environ}
+    return Sandbox.for_worktree(
+        Path(task.worktree),
+        branch=task.branch,
+        read_only=settings.sandbox_read_only,
+        writable=settings.sandbox_writable,
+        env=passed,
+    )
 
 
 class Throttle:

@@ -124,5 +124,13 @@ class ClaudeAgent(CliAgent):
             argv += ["--max-budget-usd", f"{task.agent.budget_usd:.2f}"]
         return argv
 
+    def provider_env(self) -> dict[str, str]:
+        env = {}
+        if self.settings.anthropic_api_key is not None:
+            env["ANTHROPIC_API_KEY"] = self.settings.anthropic_api_key.get_secret_value()
+        if self.settings.anthropic_base_url:
+            env["ANTHROPIC_BASE_URL"] = self.settings.anthropic_base_url
+        return env
+
     def parser(self, task: AgentTask, meter: CostMeter, toolbox: Toolbox) -> EventParser:
         return ClaudeParser(task, meter, toolbox)

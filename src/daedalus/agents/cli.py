@@ -35,7 +35,8 @@ from daedalus.agents.prompt import build_prompt, claimed_success
 from daedalus.agents.settings import AgentSettings
 from daedalus.agents.tools import Toolbox
 from daedalus.errors import AgentConfigError, AgentViolation, BudgetExceeded, ForbiddenCommand, PathEscape
-from daedalus.processes import kill_group
+from daedalus.processes import end_step, kill_group, step_token
+from daedalus.sandbox import Sandbox
 from daedalus.schemas.agents import AgentResult, AgentTask, ExitReason
 
 log = structlog.get_logger(__name__)
@@ -103,8 +104,23 @@ class CliAgent(ABC):
     def model(self, task: AgentTask) -> str | None:
         return task.agent.model
 
-    def env(self, task: AgentTask) -> dict[str, str]:
-        return {**os.environ}
+    @abstractmethod
+    def provider_env(self) -> dict[str, str]:
+        """This agent's own endpoint and key, and nothing of any other provider's."""
+
+    def sandbox(self, task: AgentTask, artifacts: Path, binary: Path) -> Sandbox:
+        """The agent's sandbox: its worktree, its own home under the artifacts (sessions, caches), its
+        executable, the network only when it must call its model itself."""
+        passed = {name: os.environ[name] for name in self.settings.sandbox_pass_env if name in os.environ}
+        return Sandbox.for_worktree(
+            Path(task.worktree),
+            branch=task.branch,
+            network=self.settings.sandbox_cli_network,
+            home=artifacts / "home",
+            read_only=[binary, binary.resolve(), *self.settings.sandbox_read_only],
+            writable=self.settings.sandbox_writable,
+            env={**passed, **self.provider_env()},
+        )
 
     async def run(
         self,
@@ -115,23 +131,26 @@ class CliAgent(ABC):
         keep_on_cancel: Callable[[], bool] = lambda: False,
     ) -> AgentResult:
         argv = self.argv(task)
-        if shutil.which(argv[0]) is None:
+        found = shutil.which(argv[0])
+        if found is None:
             raise AgentConfigError(
                 f"{self.name} executable {argv[0]!r} not found on this host; install it or set "
                 f"DAEDALUS_AGENT_{self.name.upper()}_BIN to its path"
             )
+        binary = Path(found).absolute()
+        sandbox = self.sandbox(task, artifacts, binary)
+        token = step_token()
         started = time.time()
         with (artifacts / EVENTS_FILE).open("ab") as out, (artifacts / STDERR_FILE).open("ab") as err:
             process = await asyncio.create_subprocess_exec(
-                *argv,
-                cwd=task.worktree,
-                env=self.env(task),
+                *sandbox.argv([str(binary), *argv[1:]]),
+                env=sandbox.environment(token),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=out,
                 stderr=err,
                 start_new_session=True,
             )
-        record = RunningRecord.of(process.pid, kind="process", agent=self.name)
+        record = RunningRecord.of(process.pid, kind="process", agent=self.name, token=token)
         record.write(artifacts / RUNNING_FILE)
         log.info(
             "agent started", agent=self.name, pid=process.pid, ticket_id=task.ticket_id, attempt=task.attempt
@@ -200,7 +219,13 @@ class CliAgent(ABC):
         meter = CostMeter(
             model=self.model(task), budget_usd=task.agent.budget_usd, path=artifacts / USAGE_FILE
         )
-        parser = self.parser(task, meter, Toolbox(Path(task.worktree), deny=self.settings.deny_commands))
+        # The parser's checks turn what the sandbox already contains into a clear FORBIDDEN result.
+        toolbox = Toolbox(
+            Path(task.worktree),
+            deny=self.settings.deny_commands,
+            sandbox=Sandbox.for_worktree(Path(task.worktree), branch=task.branch),
+        )
+        parser = self.parser(task, meter, toolbox)
         beat = Throttle(heartbeat)
         stopped: ExitReason | None = None
         detail = ""
@@ -252,11 +277,14 @@ class CliAgent(ABC):
                 if keep_on_cancel():
                     log.info("activity attempt ended; agent left running for the retry", pid=record.pid)
                     raise
-                await asyncio.to_thread(kill_group, record.pid)
+                await asyncio.to_thread(self._end, record)
                 raise
             if stopped is not None:
                 await asyncio.to_thread(kill_group, record.pid)
             returncode = await reap()
+            # The agent is done: nothing it started may outlive it (its sandbox's pid namespace already
+            # took them; the token catches anything that was not in it).
+            await asyncio.to_thread(self._end, record)
             with contextlib.suppress(BudgetExceeded, AgentViolation):
                 drain(final=True)  # what the agent wrote before it went: usage is kept even when aborted
         (artifacts / RUNNING_FILE).unlink(missing_ok=True)
@@ -273,6 +301,13 @@ class CliAgent(ABC):
             claimed=claimed,
             started=started,
         )
+
+    @staticmethod
+    def _end(record: RunningRecord) -> None:
+        if record.token:
+            end_step(record.pid, record.token)
+        else:
+            kill_group(record.pid)
 
     def outcome(
         self, parser: EventParser, returncode: int, artifacts: Path, *, attached: bool

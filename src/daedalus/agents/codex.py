@@ -63,5 +63,14 @@ class CodexAgent(CliAgent):
             argv += ["-m", task.agent.model]
         return [*argv, "-"]
 
+    def provider_env(self) -> dict[str, str]:
+        env = {}
+        if self.settings.openai_api_key is not None:
+            env["OPENAI_API_KEY"] = self.settings.openai_api_key.get_secret_value()
+            env["CODEX_API_KEY"] = env["OPENAI_API_KEY"]
+        if self.settings.openai_base_url:
+            env["OPENAI_BASE_URL"] = self.settings.openai_base_url
+        return env
+
     def parser(self, task: AgentTask, meter: CostMeter, toolbox: Toolbox) -> EventParser:
         return CodexParser(task, meter, toolbox)

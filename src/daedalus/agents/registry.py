@@ -34,7 +34,7 @@ def agent_for(spec: AgentSpec, settings: AgentSettings) -> CodingAgent:
         case AgentName.SCRIPTED:
             from daedalus.agents.scripted import ScriptedAgent
 
-            return ScriptedAgent()
+            return ScriptedAgent(settings)
         case AgentName.CODEX:
             from daedalus.agents.codex import CodexAgent
 

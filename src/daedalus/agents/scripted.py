@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from daedalus.agents import worktree as wt
-from daedalus.agents.base import RUNNING_FILE, Heartbeat, RunningRecord
+from daedalus.agents.base import RUNNING_FILE, Heartbeat, RunningRecord, command_sandbox
+from daedalus.agents.settings import AgentSettings
 from daedalus.processes import run_logged
 from daedalus.schemas.agents import AgentResult, AgentTask, AgentUsage, ExitReason
 
@@ -17,10 +20,16 @@ LOG_FILE = "transcript.log"
 
 
 class ScriptedAgent:
-    """Deterministic stand-in for a coding agent: `git apply` the patch, run the commands, commit."""
+    """Deterministic stand-in for a coding agent: `git apply` the patch, run the commands, commit.
+
+    The patch is applied and the commands run in the worktree's sandbox, like any agent's commands; only the
+    final commit is Daedalus's own (on the host, hooks skipped)."""
 
     name = "scripted"
     label = LABEL
+
+    def __init__(self, settings: AgentSettings):
+        self.settings = settings
 
     async def run(
         self,
@@ -34,6 +43,9 @@ class ScriptedAgent:
         worktree = Path(task.worktree)
         log_path = artifacts / LOG_FILE
         RunningRecord.of(os.getpid(), kind="worker", agent=self.name).write(artifacts / RUNNING_FILE)
+        patch_file = artifacts / "spec.patch"
+        sandbox = command_sandbox(task, self.settings)
+        sandbox = replace(sandbox, read_only=(*sandbox.read_only, patch_file))
 
         def beat() -> None:
             heartbeat({"agent": self.name})
@@ -55,20 +67,25 @@ class ScriptedAgent:
             )
 
         if task.agent.patch:
-            patch_file = artifacts / "spec.patch"
             patch_file.write_text(task.agent.patch)
             applied = await run_logged(
-                f"git apply --whitespace=nowarn {patch_file}",
+                f"git apply --whitespace=nowarn {shlex.quote(str(patch_file))}",
                 cwd=worktree,
                 log_path=log_path,
                 timeout_s=60,
                 heartbeat=beat,
+                sandbox=sandbox,
             )
             if applied.returncode != 0:
                 return result(ExitReason.FAILED, f"patch does not apply: {applied.tail(800)}")
         for command in task.agent.commands:
             done = await run_logged(
-                command, cwd=worktree, log_path=log_path, timeout_s=task.timeout_s, heartbeat=beat
+                command,
+                cwd=worktree,
+                log_path=log_path,
+                timeout_s=task.timeout_s,
+                heartbeat=beat,
+                sandbox=sandbox,
             )
             if done.returncode != 0:
                 return result(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 DEFAULT_DENY = [
     r"\bsudo\b",
@@ -50,5 +52,38 @@ class AgentSettings(BaseModel):
     max_turns: int = Field(default=40, ge=1)
     shell_timeout_s: float = Field(default=600.0, gt=0)
     deny_commands: list[str] = Field(default_factory=lambda: list(DEFAULT_DENY))
+    sandbox_read_only: list[str] = Field(
+        default_factory=list,
+        description="host paths (absolute) every agent sandbox also sees read-only, e.g. where codex, claude "
+        "or node are installed outside /usr, or a CUDA toolkit",
+    )
+    sandbox_writable: list[str] = Field(
+        default_factory=list,
+        description="host paths (absolute) every agent sandbox may also write, e.g. a ccache",
+    )
+    sandbox_pass_env: list[str] = Field(
+        default_factory=list,
+        description="names of worker environment variables passed into agent sandboxes (nothing else is, "
+        "besides a CLI agent's own provider key); never name a token or another provider's key here",
+    )
+    sandbox_cli_network: bool = Field(
+        default=True,
+        description="give codex/claude the host's network (they call their model endpoint themselves); "
+        "tool-loop shells and scripted commands never get it",
+    )
+
+    @field_validator("sandbox_pass_env")
+    @classmethod
+    def _no_credentials_into_sandboxes(cls, names: list[str]) -> list[str]:
+        credentials = [
+            n for n in names if re.search(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|CREDENTIAL", n, re.I)
+        ]
+        if credentials:
+            raise ValueError(
+                f"DAEDALUS_AGENT_SANDBOX_PASS_ENV names {credentials}, which look like credentials; agent "
+                "sandboxes never get those (a CLI agent gets its own provider's key from its own setting)"
+            )
+        return names
+
     lead_provider: str = Field(default="anthropic", pattern="^(anthropic|openai)$")
     lead_model: str | None = None

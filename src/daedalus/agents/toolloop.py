@@ -20,6 +20,7 @@ from daedalus.agents.base import (
     USAGE_FILE,
     Heartbeat,
     RunningRecord,
+    command_sandbox,
     make_result,
 )
 from daedalus.agents.costs import CostMeter
@@ -123,6 +124,7 @@ class ToolLoopAgent(ABC):
                 Path(task.worktree),
                 deny=self.settings.deny_commands,
                 shell_timeout_s=self.settings.shell_timeout_s,
+                sandbox=command_sandbox(task, self.settings),
             ),
             transcript,
         )

@@ -1,26 +1,33 @@
-"""File and shell tools for tool-loop agents, confined to one worktree.
+"""File and shell tools for tool-loop agents, run inside the worktree's bubblewrap sandbox.
 
-Paths are resolved (symlinks included) and must stay inside the worktree and out of `.git`; shell commands
-run in the worktree, in their own process group, and are refused when they match the deny list or name a path
-outside the worktree. This is a guard against mistakes and sloppy models, not a sandbox against an adversary.
+Every tool call (the file tools too) is one sandboxed process that sees only the worktree read-write, the
+toolchain read-only, no network and a clean environment (see `daedalus.sandbox`); when it ends, nothing it
+started is left alive. The path checks and the deny list in front of it are not the confinement: they give a
+sloppy model a clear refusal (counted towards ending the attempt) instead of a puzzling failure.
+Output is read as a stream and capped: a huge file or a chatty command costs the worker a bounded buffer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import json
 import os
 import re
 import shlex
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from daedalus.errors import ForbiddenCommand, PathEscape, ToolError
-from daedalus.processes import kill_group
+from daedalus.processes import end_step, step_token
+from daedalus.sandbox import Sandbox
 
 MAX_READ = 60_000
 MAX_OUTPUT = 8_000
+CHUNK = 64 * 1024
 # Absolute paths a command may name without escaping the worktree: system tools, never user data.
 READ_ONLY_PREFIXES = ("/usr/", "/bin/", "/lib", "/opt/", "/dev/null", "/etc/alternatives/")
 
@@ -77,13 +84,55 @@ def anthropic_tools() -> list[dict[str, Any]]:
     ]
 
 
-class Toolbox:
-    """The tools of one attempt, rooted at its worktree."""
+@dataclass(frozen=True)
+class Captured:
+    """What a sandboxed call printed, bounded: `data` is its first or last `limit` bytes of `total`."""
 
-    def __init__(self, root: Path, *, deny: Sequence[str], shell_timeout_s: float = 600.0):
+    returncode: int | None
+    data: bytes
+    total: int
+    timed_out: bool
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self.data)
+
+
+async def _read_capped(
+    stream: asyncio.StreamReader, limit: int, keep: Literal["head", "tail"]
+) -> tuple[bytes, int]:
+    """Read `stream` to its end keeping at most `limit` bytes (the first or the last); returns them and the
+    total. With `head`, stops reading once the limit is reached (the caller ends the process)."""
+    chunks: collections.deque[bytes] = collections.deque()
+    kept = total = 0
+    while chunk := await stream.read(CHUNK):
+        total += len(chunk)
+        chunks.append(chunk)
+        kept += len(chunk)
+        if keep == "head" and kept > limit:
+            break
+        while keep == "tail" and kept - len(chunks[0]) >= limit:
+            kept -= len(chunks.popleft())
+    data = b"".join(chunks)
+    return (data[:limit], total) if keep == "head" else (data[-limit:] if limit else b"", total)
+
+
+class Toolbox:
+    """The tools of one attempt, rooted at its worktree, each call run in `sandbox` (by default: the worktree's,
+    without network)."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        deny: Sequence[str],
+        shell_timeout_s: float = 600.0,
+        sandbox: Sandbox | None = None,
+    ):
         self.root = root.resolve()
         self.deny = [re.compile(pattern) for pattern in deny]
         self.shell_timeout_s = shell_timeout_s
+        self.sandbox = sandbox or Sandbox.for_worktree(self.root)
 
     def resolve(self, path: str) -> Path:
         """The real path of `path` inside the worktree, or PathEscape saying why not."""
@@ -114,7 +163,8 @@ class Toolbox:
         for word in words:
             for token in re.split(r"[=:]", word) if word.startswith("-") else [word]:
                 if token.startswith(("/", "~")) or "../" in token or token == "..":
-                    if token.startswith(READ_ONLY_PREFIXES):
+                    # Normalised first: `/usr/../tmp/x` is /tmp/x, not a system tool.
+                    if os.path.normpath(token).startswith(READ_ONLY_PREFIXES):
                         continue
                     try:
                         self.resolve(token)
@@ -133,69 +183,108 @@ class Toolbox:
         if not isinstance(arguments, dict):
             raise ToolError(f"arguments of {name} must be a JSON object")
         if name == "read_file":
-            return self.read_file(str(arguments.get("path", "")))
+            return await self.read_file(str(arguments.get("path", "")))
         if name == "write_file":
-            return self.write_file(str(arguments.get("path", "")), str(arguments.get("content", "")))
+            return await self.write_file(str(arguments.get("path", "")), str(arguments.get("content", "")))
         if name == "list_dir":
-            return self.list_dir(str(arguments.get("path", ".")))
+            return await self.list_dir(str(arguments.get("path", ".")))
         if name == "run_shell":
             return await self.run_shell(str(arguments.get("command", "")))
         raise ToolError(f"unknown tool {name!r}; tools: {[s['name'] for s in TOOL_SPECS]}")
 
-    def read_file(self, path: str) -> str:
+    async def sandboxed(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        limit: int,
+        keep: Literal["head", "tail"],
+        timeout_s: float,
+    ) -> Captured:
+        """Run `argv` in the sandbox, stdout and stderr together read with a cap. Whatever the call started is
+        dead when this returns, however it ends (exit, cap, timeout, cancellation)."""
+        token = step_token()
+        process = await asyncio.create_subprocess_exec(
+            *self.sandbox.argv(argv),
+            env=self.sandbox.environment(token),
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+        assert process.stdout is not None
+        try:
+            if stdin is not None:
+                assert process.stdin is not None
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    process.stdin.write(stdin)
+                    await process.stdin.drain()
+                process.stdin.close()
+            try:
+                async with asyncio.timeout(timeout_s):
+                    data, total = await _read_capped(process.stdout, limit, keep)
+                    if keep == "tail" or total <= limit:
+                        await process.wait()
+                timed_out = False
+            except TimeoutError:
+                data, total, timed_out = b"", 0, True
+        finally:
+            await asyncio.to_thread(end_step, process.pid, token)
+            await process.wait()
+        return Captured(None if timed_out else process.returncode, data, total, timed_out)
+
+    async def read_file(self, path: str) -> str:
         full = self.resolve(path)
         if not full.is_file():
             raise ToolError(f"{path!r} is not a file")
-        data = full.read_bytes()[:MAX_READ]
-        return data.decode(errors="replace")
+        read = await self.sandboxed(
+            ["cat", "--", str(full)], limit=MAX_READ, keep="head", timeout_s=self.shell_timeout_s
+        )
+        if read.returncode not in (0, None) and not read.truncated:
+            raise ToolError(f"cannot read {path!r}: {read.data.decode(errors='replace').strip()}")
+        text = read.data.decode(errors="replace")
+        if read.truncated:
+            text += f"\n[... truncated: the file is longer than {MAX_READ} bytes ...]"
+        return text
 
-    def write_file(self, path: str, content: str) -> str:
+    async def write_file(self, path: str, content: str) -> str:
         full = self.resolve(path)
-        full.parent.mkdir(parents=True, exist_ok=True)
         if full.is_symlink():
             raise PathEscape(f"{path!r} is a symlink; write its target inside the repository instead")
-        full.write_text(content)
+        script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"'
+        wrote = await self.sandboxed(
+            ["/bin/sh", "-c", script, "write_file", str(full)],
+            stdin=content.encode(),
+            limit=MAX_OUTPUT,
+            keep="tail",
+            timeout_s=self.shell_timeout_s,
+        )
+        if wrote.returncode != 0:
+            raise ToolError(f"cannot write {path!r}: {wrote.data.decode(errors='replace').strip()}")
         return f"wrote {len(content)} characters to {full.relative_to(self.root)}"
 
-    def list_dir(self, path: str) -> str:
+    async def list_dir(self, path: str) -> str:
         full = self.resolve(path)
         if not full.is_dir():
             raise ToolError(f"{path!r} is not a directory")
-        names = sorted(p.name + ("/" if p.is_dir() else "") for p in full.iterdir() if p.name != ".git")
+        listed = await self.sandboxed(
+            ["ls", "-A1p", "--", str(full)], limit=MAX_READ, keep="head", timeout_s=self.shell_timeout_s
+        )
+        if listed.returncode not in (0, None) and not listed.truncated:
+            raise ToolError(f"cannot list {path!r}: {listed.data.decode(errors='replace').strip()}")
+        names = [n for n in listed.data.decode(errors="replace").splitlines() if n.rstrip("/") != ".git"]
         return "\n".join(names) or "(empty)"
 
     async def run_shell(self, command: str) -> str:
         if not command.strip():
             raise ToolError("`command` must not be empty")
         self.check_command(command)
-        env = {
-            **os.environ,
-            "GIT_TERMINAL_PROMPT": "0",
-            # Commits made through the shell tool need an identity, and must not borrow the host user's.
-            "GIT_AUTHOR_NAME": "daedalus-agent",
-            "GIT_AUTHOR_EMAIL": "agent@daedalus.local",
-            "GIT_COMMITTER_NAME": "daedalus-agent",
-            "GIT_COMMITTER_EMAIL": "agent@daedalus.local",
-        }
-        process = await asyncio.create_subprocess_shell(
-            command,
-            cwd=self.root,
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
+        ran = await self.sandboxed(
+            ["/bin/sh", "-c", command], limit=MAX_OUTPUT, keep="tail", timeout_s=self.shell_timeout_s
         )
-        try:
-            out, _ = await asyncio.wait_for(process.communicate(), timeout=self.shell_timeout_s)
-        except TimeoutError:
-            await asyncio.to_thread(kill_group, process.pid)
-            await process.wait()
+        if ran.timed_out:
             return f"command timed out after {self.shell_timeout_s:.0f}s and was killed"
-        except BaseException:
-            await asyncio.to_thread(kill_group, process.pid)
-            raise
-        text = out.decode(errors="replace")
-        if len(text) > MAX_OUTPUT:
-            text = "[... output truncated ...]\n" + text[-MAX_OUTPUT:]
-        return f"exit code {process.returncode}\n{text}"
+        text = ran.data.decode(errors="replace")
+        if ran.truncated:
+            text = f"[... output truncated: last {MAX_OUTPUT} of {ran.total} bytes ...]\n" + text
+        return f"exit code {ran.returncode}\n{text}"

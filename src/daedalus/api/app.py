@@ -10,6 +10,7 @@ from temporalio.client import Client
 from daedalus.api import audit, decisions, slack_interactions, tickets
 from daedalus.api.context import ApiContext, ClientFactory
 from daedalus.api.errors import validation_handler
+from daedalus.api.limits import MAX_BODY_BYTES, BodyLimit
 from daedalus.api.settings import ApiSettings
 from daedalus.slack.settings import SlackSettings
 
@@ -22,6 +23,7 @@ def create_app(
     client_factory: ClientFactory | None = None,
     settings: ApiSettings,
     slack: SlackSettings,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     """The API over one Temporal client (given, or connected on first use by `client_factory`) and one store;
     its settings come from the entry point (`daedalus api serve` builds them once)."""
@@ -47,6 +49,7 @@ def create_app(
         slack=slack,
         client_factory=client_factory,
     )
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_exception_handler(RequestValidationError, validation_handler)
     for router in (tickets.router, decisions.router, audit.router, slack_interactions.router):
         app.include_router(router)

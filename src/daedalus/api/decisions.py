@@ -6,6 +6,7 @@ import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Query
+from temporalio.client import Client
 
 from daedalus import client as tickets
 from daedalus.api.context import Caller, Context, TemporalClient, require_same_person
@@ -13,11 +14,13 @@ from daedalus.api.errors import refusal, within
 from daedalus.api.models import DecisionPublic
 from daedalus.errors import TicketError
 from daedalus.schemas.ticket import Decision, TicketState
-from daedalus.schemas.training import TrainingRunStatus
+from daedalus.schemas.training import TrainingRunStatus, training_workflow_id
 from daedalus.store import queries
 from daedalus.store.database import session_scope
+from daedalus.workflows.training import TrainingRunWorkflow
 
 router = APIRouter(prefix="/decisions", tags=["decisions"])
+POLL_S = 0.1
 
 
 @router.post("", response_model=TicketState | TrainingRunStatus)
@@ -28,12 +31,36 @@ async def decide(
     option and the caller's authority before it writes anything (409 with its reason when it refuses)."""
     require_same_person(caller, decision.decided_by, "decided_by")
     decision = decision.model_copy(update={"channel": "api"})
+    timeout_s = context.settings.update_timeout_s
     try:
-        return await within(
-            tickets.decide(client, decision), context.settings.update_timeout_s, decision.request_id
-        )
+        accepted = await within(tickets.decide(client, decision), timeout_s, decision.request_id)
+        return await within(_after(client, decision, accepted), timeout_s, decision.request_id)
     except TicketError as error:
         raise refusal(error) from error
+
+
+async def _after(
+    client: Client, decision: Decision, accepted: TicketState | TrainingRunStatus
+) -> TicketState | TrainingRunStatus:
+    """The state once the decision is applied and recorded.
+
+    The `decide` update answers as soon as the ticket accepts the decision, with the state from before it;
+    the workflow then records it (an audit event) and moves on. A caller wants the state after the decision,
+    so this polls the status query until the decision is in it.
+    """
+    if isinstance(accepted, TrainingRunStatus):
+        handle = client.get_workflow_handle(training_workflow_id(accepted.name))
+        while True:
+            run: TrainingRunStatus = await handle.query(TrainingRunWorkflow.status)
+            if run.pending_decision is None or run.pending_decision.id != decision.request_id:
+                return run
+            await asyncio.sleep(POLL_S)
+    while True:
+        state = await tickets.status(client, accepted.spec.id)
+        recorded = any(d.request_id == decision.request_id for d in state.decisions)
+        if recorded and state.audit_seq > accepted.audit_seq:
+            return state
+        await asyncio.sleep(POLL_S)
 
 
 @router.get("", response_model=list[DecisionPublic])

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
+import structlog
 from fastapi import HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -16,6 +17,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from daedalus.errors import TicketError
 
 T = TypeVar("T")
+log = structlog.get_logger(__name__)
 
 
 def status_for(error: TicketError) -> int:
@@ -26,12 +28,33 @@ def status_for(error: TicketError) -> int:
     if isinstance(cause, RPCError):
         if cause.status is RPCStatusCode.NOT_FOUND:
             return status.HTTP_404_NOT_FOUND
+        if cause.status is RPCStatusCode.RESOURCE_EXHAUSTED:
+            return status.HTTP_413_CONTENT_TOO_LARGE  # a payload over Temporal's limits
+        if cause.status is RPCStatusCode.INVALID_ARGUMENT:
+            return status.HTTP_422_UNPROCESSABLE_CONTENT
         return status.HTTP_502_BAD_GATEWAY
     return status.HTTP_422_UNPROCESSABLE_CONTENT  # refused before reaching Temporal: a malformed id
 
 
 def refusal(error: TicketError) -> HTTPException:
-    return HTTPException(status_for(error), str(error))
+    """The refusal a caller reads. Temporal's own gRPC text stays in the API's log: it names internals (payload
+    sizes, service names) and tells the caller nothing they can act on."""
+    code = status_for(error)
+    cause = error.__cause__
+    if isinstance(cause, RPCError) and cause.status is not RPCStatusCode.NOT_FOUND:
+        log.warning("temporal refused a request", status=cause.status.name, message=cause.message)
+        if code == status.HTTP_413_CONTENT_TOO_LARGE:
+            return HTTPException(
+                code,
+                "the request is too large for Temporal to carry; shorten the brief, note or spec "
+                "(see `daedalus.schemas.limits`)",
+            )
+        if code == status.HTTP_422_UNPROCESSABLE_CONTENT:
+            return HTTPException(code, f"Temporal refused the request as invalid ({cause.status.name})")
+        return HTTPException(
+            code, f"Temporal did not answer as expected ({cause.status.name}); the API's log has its reply"
+        )
+    return HTTPException(code, str(error))
 
 
 async def within(awaitable: Awaitable[T], timeout_s: float, what: str) -> T:

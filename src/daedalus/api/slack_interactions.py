@@ -16,6 +16,7 @@ from temporalio.client import Client
 from daedalus import client as tickets
 from daedalus.api.context import ApiContext, Context
 from daedalus.errors import BadButton, TicketError
+from daedalus.escaping import for_slack
 from daedalus.schemas.ticket import Decision
 from daedalus.slack.blocks import is_decision_action, parse_button_value
 from daedalus.slack.notifier import answer_interaction
@@ -55,7 +56,7 @@ async def interactions(request: Request, background: BackgroundTasks, context: C
         background.add_task(
             _answer,
             response_url,
-            f"Refused: Slack user {slack_user} is not linked to a Daedalus person; ask an admin to add it "
+            f"Refused: Slack user {for_slack(slack_user)} is not linked to a Daedalus person; ask an admin to add it "
             f"to DAEDALUS_SLACK_USERS. Nothing was decided.",
             False,
         )
@@ -66,7 +67,9 @@ async def interactions(request: Request, background: BackgroundTasks, context: C
             request_id=choice.request_id, option=choice.option, decided_by=person, channel="slack"
         )
     except (BadButton, ValueError) as error:
-        background.add_task(_answer, response_url, f"Refused: {error}. Nothing was decided.", False)
+        background.add_task(
+            _answer, response_url, f"Refused: {for_slack(error)}. Nothing was decided.", False
+        )
         return Response(status_code=status.HTTP_200_OK)
     question = str(payload.get("message", {}).get("text", ""))
     background.add_task(_decide_and_answer, context, decision, response_url, question)
@@ -94,10 +97,10 @@ async def _decide_and_answer(
         client: Client = await context.client()
         await asyncio.wait_for(tickets.decide(client, decision), context.settings.update_timeout_s)
     except TicketError as error:
-        await _answer(response_url, f"Refused: {error}. Nothing was decided.", False)
+        await _answer(response_url, f"Refused: {for_slack(error)}. Nothing was decided.", False)
         return
     except HTTPException as error:  # Temporal unreachable
-        await _answer(response_url, f"Not applied: {error.detail}", False)
+        await _answer(response_url, f"Not applied: {for_slack(error.detail)}", False)
         return
     except TimeoutError:
         await _answer(

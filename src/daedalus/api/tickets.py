@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, status
+from fastapi import APIRouter, HTTPException, Path, Query, status
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -15,6 +15,7 @@ from daedalus.api.errors import refusal, status_for, within
 from daedalus.api.models import Delegated, TicketDetail, TicketFiled, TicketSummary, VerdictPublic
 from daedalus.errors import TicketError
 from daedalus.schemas.ticket import (
+    TICKET_ID_PATTERN,
     CancelRequest,
     Delegation,
     SpecAmendment,
@@ -26,6 +27,7 @@ from daedalus.store import queries
 from daedalus.store.database import session_scope
 
 router = APIRouter(prefix="/tickets", tags=["tickets"])
+TicketId = Annotated[str, Path(pattern=TICKET_ID_PATTERN, description="a ticket id, e.g. `4`")]
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=TicketFiled)
@@ -62,7 +64,9 @@ async def list_tickets(
 
 
 @router.get("/{ticket_id}", response_model=TicketDetail)
-async def show_ticket(ticket_id: str, _: Caller, context: Context, client: TemporalClient) -> TicketDetail:
+async def show_ticket(
+    ticket_id: TicketId, _: Caller, context: Context, client: TemporalClient
+) -> TicketDetail:
     """Live state from Temporal (the `state` query) with the verdicts and projection from the store."""
 
     def read() -> tuple[TicketSummary | None, list[VerdictPublic]]:
@@ -121,7 +125,7 @@ async def _live_state(client: Client, ticket_id: str, timeout_s: float) -> Ticke
 
 @router.post("/{ticket_id}/delegations", response_model=Delegated)
 async def delegate(
-    ticket_id: str, delegation: Delegation, caller: Caller, context: Context, client: TemporalClient
+    ticket_id: TicketId, delegation: Delegation, caller: Caller, context: Context, client: TemporalClient
 ) -> Delegated:
     """A decider lets someone else decide one kind of decision; `granted_by` must be the caller."""
     require_same_person(caller, delegation.granted_by, "granted_by")
@@ -137,7 +141,7 @@ async def delegate(
 
 @router.post("/{ticket_id}/amendments", response_model=TicketState)
 async def amend(
-    ticket_id: str, amendment: SpecAmendment, caller: Caller, context: Context, client: TemporalClient
+    ticket_id: TicketId, amendment: SpecAmendment, caller: Caller, context: Context, client: TemporalClient
 ) -> TicketState:
     """Change a live ticket's brief, constraints or attempt budget; `amended_by` must be the caller."""
     require_same_person(caller, amendment.amended_by, "amended_by")
@@ -151,7 +155,7 @@ async def amend(
 
 @router.post("/{ticket_id}/cancel", response_model=TicketState)
 async def cancel(
-    ticket_id: str, request: CancelRequest, caller: Caller, context: Context, client: TemporalClient
+    ticket_id: TicketId, request: CancelRequest, caller: Caller, context: Context, client: TemporalClient
 ) -> TicketState:
     """Cancel a live ticket (its running step too); `requested_by` must be the caller."""
     require_same_person(caller, request.requested_by, "requested_by")

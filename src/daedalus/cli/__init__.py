@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from daedalus.cli import api, demo, engines, stack, tickets, training
+from daedalus.cli import api, demo, engines, hosts, stack, tickets, training
 from daedalus.cli._common import settings
 from daedalus.logs import configure_logging
 
@@ -29,7 +29,7 @@ app.command()(stack.up)
 app.command()(stack.worker)
 app.command()(tickets.decide)
 app.command()(tickets.delegate)
-app.command()(tickets.audit)
+app.add_typer(tickets.audit_app, name="audit")
 app.command()(tickets.report)
 app.command()(demo.demo)
 tickets.app.command()(tickets.draft)
@@ -37,6 +37,7 @@ app.add_typer(tickets.app, name="ticket")
 app.add_typer(engines.app, name="engine")
 app.add_typer(training.app, name="train")
 app.add_typer(api.app, name="api")
+app.add_typer(hosts.app, name="hosts")
 
 
 def main() -> None:

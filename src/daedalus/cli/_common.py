@@ -17,6 +17,7 @@ from daedalus.client import connect
 from daedalus.config import Settings
 from daedalus.engines import paths
 from daedalus.errors import BadSettings, TicketError
+from daedalus.escaping import for_terminal
 from daedalus.store.database import make_engine, migrate
 
 T = TypeVar("T")
@@ -27,7 +28,7 @@ errors = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 def fail(message: str) -> NoReturn:
-    errors.print(f"[red]error:[/red] {message}", highlight=False)
+    errors.print(f"[red]error:[/red] {for_terminal(message)}", highlight=False)
     raise typer.Exit(2)
 
 

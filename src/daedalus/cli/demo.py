@@ -22,6 +22,7 @@ from daedalus.cli._common import console, fail, run
 from daedalus.cli.tickets import print_audit, print_state
 from daedalus.config import Settings
 from daedalus.errors import DevServerError, EngineError, TicketError
+from daedalus.escaping import for_terminal as shown
 from daedalus.ports import port_is_open
 from daedalus.schemas.ticket import Decision, DecisionKind, TicketSpec, TicketState
 from daedalus.store import queries
@@ -106,7 +107,7 @@ async def _drive(spec: TicketSpec, settings: Settings, embedded: bool) -> Ticket
         handle = await tickets.file_ticket(
             stack.client, spec, queue=settings.temporal.control_queue, filed_by="demo"
         )
-        console.print(f"4. filed ticket [bold]{spec.id}[/bold] as workflow {handle.id}")
+        console.print(f"4. filed ticket [bold]{shown(spec.id)}[/bold] as workflow {shown(handle.id)}")
         console.print(
             f"   Temporal UI: http://localhost:{settings.temporal.ui_port}/namespaces/{settings.temporal.namespace}/workflows/{handle.id}"
         )
@@ -129,9 +130,12 @@ async def _drive(spec: TicketSpec, settings: Settings, embedded: bool) -> Ticket
                     ),
                 )
             elif request is not None and request.kind is DecisionKind.ESCALATION:
-                console.print(f"   [yellow]escalated to wayne[/yellow]: {request.question}")
+                console.print(f"   [yellow]escalated to wayne[/yellow]: {shown(request.question)}")
                 console.print(
-                    f"   answer with: daedalus decide {request.id} <option> --as wayne   (options {request.options})"
+                    shown(
+                        f"   answer with: daedalus decide {request.id} <option> --as wayne   "
+                        f"(options {request.options})"
+                    )
                 )
             await asyncio.wait({result_task}, timeout=0.5)
         final: TicketState = result_task.result()
@@ -152,6 +156,7 @@ def _print_new_events(engine: Engine, workflow_id: str, seen: int) -> int:
     fresh = [e for e in events if e.seq > seen and e.workflow_id == workflow_id]
     for event in fresh:
         console.print(
-            f"   [dim]{event.at:%H:%M:%S}[/dim] #{event.seq:<2} [bold]{event.kind:<18}[/bold] {event.summary}"
+            f"   [dim]{event.at:%H:%M:%S}[/dim] #{event.seq:<2} [bold]{shown(event.kind):<18}[/bold] "
+            f"{shown(event.summary)}"
         )
     return max([seen, *(e.seq for e in fresh)])

@@ -20,6 +20,7 @@ from daedalus.engines.presets import load_preset
 from daedalus.engines.runner import launched
 from daedalus.engines.tiny_model import MODELS, ensure_model
 from daedalus.errors import EngineError
+from daedalus.escaping import for_terminal
 from daedalus.schemas.engines import Workload
 
 app = typer.Typer(add_completion=False, help="Build, launch, benchmark and probe inference engines.")
@@ -36,7 +37,7 @@ def build(
     try:
         result = asyncio.run(build_llama_cpp(source or default_llama_source(), jobs=jobs))
     except EngineError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {for_terminal(exc)}")
         raise typer.Exit(2) from None
     typer.echo(result.bin_dir)
 
@@ -47,7 +48,7 @@ def model(name: Annotated[str, typer.Argument(help=f"one of {', '.join(MODELS)}"
     try:
         typer.echo(ensure_model(name))
     except ValueError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {for_terminal(exc)}")
         raise typer.Exit(2) from None
 
 
@@ -79,7 +80,9 @@ def bench(
                                              model=str(model), baseline=Side(base.name, base_server))  # fmt: skip
         (workdir / "bench.json").write_text(result.model_dump_json(indent=2))
         table = Table(
-            title=f"{result.preset} ({'VALID' if result.valid else 'INVALID'}) - {workdir / 'bench.json'}"
+            title=for_terminal(
+                f"{result.preset} ({'VALID' if result.valid else 'INVALID'}) - {workdir / 'bench.json'}"
+            )
         )
         for col in ("preset", "users", "decode tok/s median", "90% CI", "CV", "TTFT ms", "source"):
             table.add_column(col)
@@ -91,10 +94,10 @@ def bench(
                           r.timing_source)  # fmt: skip
         Console().print(table)
         for reason in result.invalid_reasons + result.flags:
-            console.print(f"[yellow]{reason}[/yellow]")
+            console.print(f"[yellow]{for_terminal(reason)}[/yellow]")
 
     try:
         asyncio.run(run())
     except EngineError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {for_terminal(exc)}")
         raise typer.Exit(2) from None

@@ -1,8 +1,9 @@
-"""`daedalus up` and `daedalus worker`: run the stack, or one part of it, until Ctrl-C."""
+"""`daedalus up` and `daedalus worker`: run the stack, or one part of it, until Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
 from typing import Annotated
 
 import typer
@@ -18,14 +19,22 @@ async def _serve_forever(settings: Settings, hosts: list[str], control: bool, em
         running_stack,
     )  # workers pull in every activity's libraries: load them only here
 
+    # SIGTERM (systemd, docker stop, kill) and SIGHUP stop everything as Ctrl-C does: leaving the block below
+    # shuts the workers down and stops the embedded server, which would otherwise outlive us. Installed before
+    # anything starts, so a signal during start-up also ends in a clean stop.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(signum, stop.set)
     async with running_stack(settings, hosts=hosts, control=control, embedded=embedded) as stack:
         if stack.ui_url:
-            console.print(f"Temporal UI: [bold]{stack.ui_url}[/bold]  (Ctrl-C stops everything)")
+            console.print(f"Temporal UI: [bold]{stack.ui_url}[/bold]  (Ctrl-C or SIGTERM stops everything)")
         console.print(
             f"Temporal at {settings.temporal.target}; control queue {settings.temporal.control_queue}; "
             f"hosts {hosts}"
         )
-        await asyncio.Event().wait()
+        await stop.wait()
+    console.print("stopped")
 
 
 def _run_until_interrupted(settings: Settings, hosts: list[str], control: bool, embedded: bool) -> None:

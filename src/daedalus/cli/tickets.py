@@ -12,12 +12,13 @@ import typer
 import yaml
 from pydantic import BaseModel, ValidationError
 from rich.markdown import Markdown
-from rich.markup import escape
 from rich.table import Table
 
 from daedalus import client as tickets
 from daedalus.cli._common import client, console, fail, run, settings, store
 from daedalus.errors import TicketError
+from daedalus.escaping import for_terminal as shown
+from daedalus.hosts.registry import RegistryError, load_registry
 from daedalus.schemas.ticket import (
     CancelRequest,
     Decision,
@@ -26,7 +27,7 @@ from daedalus.schemas.ticket import (
     SpecAmendment,
     TicketState,
 )
-from daedalus.store import queries
+from daedalus.store import chain, queries
 from daedalus.store.database import session_scope
 from daedalus.store.tables import AuditEventRow
 
@@ -53,15 +54,19 @@ def create(
     except TicketError as error:
         fail(str(error))
     temporal = settings().temporal
+    try:
+        hosts = load_registry(settings().hosts_file)
+    except RegistryError as error:
+        fail(str(error))
 
     async def go() -> str:
         handle = await tickets.file_ticket(
-            await client(), spec, queue=temporal.control_queue, filed_by=filed_by
+            await client(), spec, queue=temporal.control_queue, filed_by=filed_by, hosts=hosts
         )
         return handle.id
 
     workflow_id = run(go())
-    console.print(f"filed ticket [bold]{spec.id}[/bold] as workflow {workflow_id}")
+    console.print(f"filed ticket [bold]{shown(spec.id)}[/bold] as workflow {shown(workflow_id)}")
     console.print(
         f"  watch: daedalus ticket show {spec.id}   UI: http://localhost:{temporal.ui_port}/namespaces/{temporal.namespace}/workflows/{workflow_id}"
     )
@@ -75,13 +80,13 @@ def list_(status: Annotated[str | None, typer.Option(help="only tickets in this 
         table = Table("ticket", "title", "status", "host", "agent", "attempts", "awaiting", "updated")
         for row in rows:
             table.add_row(
-                row.ticket_id,
-                row.title[:50],
-                row.status,
-                row.host,
-                row.agent or "-",
+                shown(row.ticket_id),
+                shown(row.title[:50]),
+                shown(row.status),
+                shown(row.host),
+                shown(row.agent or "-"),
                 str(row.attempts),
-                row.awaiting or "",
+                shown(row.awaiting or ""),
                 f"{row.updated_at:%Y-%m-%d %H:%M:%S}",
             )
     console.print(table)
@@ -99,31 +104,43 @@ def show(ticket_id: str) -> None:
 
 def print_state(state: TicketState) -> None:
     spec = state.spec
-    console.print(f"[bold]ticket {spec.id}[/bold]: {escape(spec.title)}  \\[{state.status.value}]")
+    console.print(f"[bold]ticket {shown(spec.id)}[/bold]: {shown(spec.title)}  \\[{state.status.value}]")
     console.print(
-        f"  host {spec.host}, agent {spec.agent.name.value if spec.agent else '-'}, max attempts {spec.max_attempts}"
+        f"  host {shown(spec.host)}, agent {spec.agent.name.value if spec.agent else '-'}, "
+        f"max attempts {spec.max_attempts}"
     )
     if state.outcome_reason:
-        console.print(f"  outcome: {state.outcome_reason}")
+        console.print(f"  outcome: {shown(state.outcome_reason)}")
     for child, status in state.children.items():
-        console.print(f"  sub-ticket {child}: {status.value}")
+        console.print(f"  sub-ticket {shown(child)}: {status.value}")
     if state.attempts:
         table = Table("attempt", "outcome", "commit", "gate", "verdict", "median", "90% CI", "rule")
         for attempt in state.attempts:
-            head = [str(attempt.number), attempt.outcome.value, (attempt.commit or "-")[:10]]
+            head = [str(attempt.number), attempt.outcome.value, shown((attempt.commit or "-")[:10])]
             if not attempt.gate_results:
-                table.add_row(*head, "-", "-", "", "", escape(attempt.detail[:80]))
+                table.add_row(*head, "-", "-", "", "", shown(attempt.detail[:80]))
             for result in attempt.gate_results:
                 interval = f"[{result.ci_low:.4g}, {result.ci_high:.4g}]" if result.ci_low is not None else ""
                 median = f"{result.median:.4g}" if result.median is not None else ""
-                table.add_row(*head, result.gate, result.verdict.value, median, escape(interval), result.rule)
+                table.add_row(
+                    *head,
+                    shown(result.gate),
+                    result.verdict.value,
+                    median,
+                    shown(interval),
+                    shown(result.rule),
+                )
         console.print(table)
     if state.pending_decision:
         request = state.pending_decision
-        console.print(f"[yellow]waiting for a decision[/yellow] {request.id}: {request.question}")
-        console.print(f"  options: {request.options}; may decide: {request.deciders + request.delegates}")
         console.print(
-            f"  answer:  daedalus decide {request.id} {request.options[0]} --as {request.deciders[0]}"
+            f"[yellow]waiting for a decision[/yellow] {shown(request.id)}: {shown(request.question)}"
+        )
+        console.print(
+            f"  options: {shown(request.options)}; may decide: {shown(request.deciders + request.delegates)}"
+        )
+        console.print(
+            shown(f"  answer:  daedalus decide {request.id} {request.options[0]} --as {request.deciders[0]}")
         )
 
 
@@ -165,7 +182,7 @@ def cancel(
         return await tickets.cancel(await client(), ticket_id, request)
 
     state = run(go())
-    console.print(f"ticket {ticket_id}: cancel requested by {who} (status now {state.status.value})")
+    console.print(shown(f"ticket {ticket_id}: cancel requested by {who} (status now {state.status.value})"))
 
 
 def decide(
@@ -183,7 +200,7 @@ def decide(
         return await tickets.decide(await client(), decision)
 
     run(go())
-    console.print(f"{who} chose {option!r} for {request_id}")
+    console.print(shown(f"{who} chose {option!r} for {request_id}"))
 
 
 def delegate(
@@ -199,16 +216,26 @@ def delegate(
         return await tickets.delegate(await client(), ticket_id, delegation)
 
     people = run(go())
-    console.print(f"ticket {ticket_id}: {kind.value} decisions may now also be made by {people}")
+    console.print(shown(f"ticket {ticket_id}: {kind.value} decisions may now also be made by {people}"))
 
 
+audit_app = typer.Typer(
+    help="The audit trail from the store (`daedalus audit verify` checks it was not tampered with).",
+    invoke_without_command=True,
+)
+
+
+@audit_app.callback()
 def audit(
+    context: typer.Context,
     ticket: Annotated[str | None, typer.Option(help="only this ticket (or training-<name>)")] = None,
     actor: Annotated[str | None, typer.Option(help="only events by this person or agent")] = None,
     since: Annotated[str | None, typer.Option(help="ISO time, or a duration like 2h / 3d")] = None,
     limit: int = 1000,
 ) -> None:
     """The audit trail from the store: one line per transition, oldest first."""
+    if context.invoked_subcommand is not None:
+        return
     since_at = parse_since(since) if since else None
     with session_scope(store()) as session:
         events = queries.audit_events(
@@ -222,12 +249,12 @@ def print_audit(events: Sequence[AuditEventRow]) -> None:
     for event in events:
         table.add_row(
             f"{event.at:%H:%M:%S}",
-            event.ticket_id,
+            shown(event.ticket_id),
             str(event.seq),
-            event.kind,
-            event.actor,
-            event.status,
-            event.summary,
+            shown(event.kind),
+            shown(event.actor),
+            shown(event.status),
+            shown(event.summary),
         )
     console.print(table)
 
@@ -293,3 +320,19 @@ def draft(
         console.print(
             f"draft by {drafted.lead} written to {out}; review it, then: daedalus ticket create -f {out}"
         )
+
+
+@audit_app.command("verify")
+def verify_audit(
+    ticket: Annotated[list[str] | None, typer.Option(help="only these tickets' trails (repeatable)")] = None,
+) -> None:
+    """Recompute every trail's hash chain; name the first event changed, deleted or reordered (exit 1)."""
+    with session_scope(store()) as session:
+        checked, breaks = chain.verify(session, ticket)
+    if not breaks:
+        console.print(f"audit trail verified: {checked} events, every chain intact")
+        return
+    for found in breaks:
+        console.print(f"[red]{found.kind.value}[/red] {shown(found.ticket_id)}: {shown(found.message)}")
+    console.print(f"{len(breaks)} trail(s) of {checked} events do not verify")
+    raise typer.Exit(1)

@@ -12,7 +12,6 @@ from typing import Annotated, TypeVar
 import typer
 import yaml
 from pydantic import ValidationError
-from rich.markup import escape
 from rich.table import Table
 from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
@@ -20,6 +19,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from daedalus.cli._common import client, console, fail, run, settings
+from daedalus.escaping import for_terminal as shown
 from daedalus.schemas.ticket import Decision
 from daedalus.schemas.training import (
     StopTraining,
@@ -41,28 +41,24 @@ def load_spec(path: Path) -> TrainingRunSpec:
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
-        fail(escape(f"{path}: cannot read the run file: {exc.strerror or exc}"))
+        fail(f"{path}: cannot read the run file: {exc.strerror or exc}")
     except yaml.YAMLError as exc:
-        fail(escape(f"{path}: not valid YAML: {exc}"))
+        fail(f"{path}: not valid YAML: {exc}")
     if not isinstance(data, dict):
         fail(
-            escape(
-                f"{path}: a run file is a mapping of fields (name, host, command, ...), got {type(data).__name__}"
-            )
+            f"{path}: a run file is a mapping of fields (name, host, command, ...), got {type(data).__name__}"
         )
     try:
         spec = TrainingRunSpec.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'run'}: {e['msg']}" for e in exc.errors())
-        fail(escape(f"{path}: invalid training run: {problems}"))
+        fail(f"{path}: invalid training run: {problems}")
     if spec.restart.escalate_after_deaths and spec.hunt.engine is None:
         # Checked at filing, not in the schema, so that runs filed before the rule still load from history.
         fail(
-            escape(
-                f"{path}: hunt.engine is missing: the hunting ticket opened after "
-                f"{spec.restart.escalate_after_deaths} deaths needs the repository its agent works in, e.g. "
-                "hunt: {agent: codex, engine: {name: trainer, kind: repo, repo: <path or URL>, base_commit: main}}"
-            )
+            f"{path}: hunt.engine is missing: the hunting ticket opened after "
+            f"{spec.restart.escalate_after_deaths} deaths needs the repository its agent works in, e.g. "
+            "hunt: {agent: codex, engine: {name: trainer, kind: repo, repo: <path or URL>, base_commit: main}}"
         )
     return spec
 
@@ -75,21 +71,17 @@ def _on_run(name: str, call: Callable[[Handle], Awaitable[T]]) -> T:
         try:
             return await call(handle)
         except WorkflowUpdateFailedError as exc:
-            fail(escape(f"training run {name}: {exc.cause or exc}"))
+            fail(f"training run {name}: {exc.cause or exc}")
         except RPCError as exc:
             if exc.status is not RPCStatusCode.NOT_FOUND:
-                fail(escape(f"training run {name}: {exc.message}"))
+                fail(f"training run {name}: {exc.message}")
         # Not found: either there never was such a run, or it has ended (an update cannot reach it then).
         try:
             ended = await handle.describe()
         except RPCError:
-            fail(escape(f"no training run named {name} (workflow {training_workflow_id(name)} not found)"))
+            fail(f"no training run named {name} (workflow {training_workflow_id(name)} not found)")
         state = ended.status.name.lower() if ended.status else "closed"
-        fail(
-            escape(
-                f"training run {name} has already ended (workflow {state}); `daedalus train history {name}`"
-            )
-        )
+        fail(f"training run {name} has already ended (workflow {state}); `daedalus train history {name}`")
 
     return run(go())
 
@@ -114,11 +106,11 @@ def start(file: Annotated[Path, typer.Option("-f", "--file", help="run.yaml")]) 
         workflow_id = run(go())
     except WorkflowAlreadyStartedError:
         fail(f"training run {spec.name} is already running; `daedalus train stop {spec.name}` first")
-    console.print(f"started {workflow_id} on host {spec.host}")
+    console.print(shown(f"started {workflow_id} on host {spec.host}"))
 
 
 def render_status(status: TrainingRunStatus) -> Table:
-    table = Table(title=f"training run {status.name} on {status.host}", show_header=False)
+    table = Table(title=shown(f"training run {status.name} on {status.host}"), show_header=False)
     mem = status.memory_now
     rows = [
         ("state", status.state.value),
@@ -138,7 +130,7 @@ def render_status(status: TrainingRunStatus) -> Table:
         ("host", status.host_report.summary() if status.host_report else "-"),
     ]
     for key, value in rows:
-        table.add_row(key, escape(value))
+        table.add_row(key, shown(value))
     return table
 
 
@@ -159,7 +151,7 @@ def stop(
         name,
         lambda h: h.execute_update(TrainingRunWorkflow.stop, StopTraining(requested_by=by, reason=reason)),
     )
-    console.print(f"stopping {name} (incarnation {result.incarnation})")
+    console.print(shown(f"stopping {name} (incarnation {result.incarnation})"))
 
 
 @app.command()
@@ -180,25 +172,25 @@ def decide(
                 request_id=request.id, option=option, decided_by=who, note=note, channel="cli"
             )
         except ValidationError as exc:
-            fail(escape("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())))
+            fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
         return await handle.execute_update(TrainingRunWorkflow.decide, decision)
 
     result = _on_run(name, answer)
-    console.print(f"{who} chose {option!r} for training run {name}; it is {result.state.value}")
+    console.print(shown(f"{who} chose {option!r} for training run {name}; it is {result.state.value}"))
 
 
 def render_history(status: TrainingRunStatus) -> Table:
     """The seed's table: run, outcome, cause / fix (the fix is the decider's note that followed, if any)."""
-    table = Table(title=f"training run {status.name}: deaths")
+    table = Table(title=shown(f"training run {status.name}: deaths"))
     for column in ("run", "outcome", "lived", "cause / fix", "evidence"):
         table.add_column(column)
     for death in status.deaths:
         table.add_row(
-            death.id,
+            shown(death.id),
             death.death_class.value,
             f"{death.lifetime_s / 60:.1f} min",
-            escape(death.summary),
-            escape(f"{death.curve_path or '-'}\n{death.log_tail_path or '-'}"),
+            shown(death.summary),
+            shown(f"{death.curve_path or '-'}\n{death.log_tail_path or '-'}"),
         )
     if status.state.value in ("running", "starting", "restarting"):
         table.add_row(f"{status.name}#{status.incarnation}", status.state.value, "-", "-", "-")

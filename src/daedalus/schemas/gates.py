@@ -5,7 +5,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from daedalus.schemas._base import Model
+from daedalus.schemas._base import Model, SpecModel
+from daedalus.schemas.limits import GATE_NAME_PATTERN, Command, DurationS, Finite
 
 
 class Direction(StrEnum):
@@ -55,7 +56,7 @@ class GateKind(StrEnum):
     """Paired candidate/baseline ratios, interleaved on one host, against a threshold on the ratio."""
 
 
-class GateSpec(Model):
+class GateSpec(SpecModel):
     """One acceptance gate of a ticket.
 
     A gate runs `command` in the attempt's worktree on the ticket's host; the command prints one JSON object
@@ -63,15 +64,18 @@ class GateSpec(Model):
     `baseline_samples`, and its threshold is on the candidate/baseline ratio.
     """
 
-    name: str = Field(min_length=1, max_length=80)
+    name: str = Field(
+        pattern=GATE_NAME_PATTERN,
+        description="letters, digits, `.`, `_`, `-`: it names the gate's artifact files",
+    )
     metric: Metric
     op: Literal[">=", "<="] | None = None
-    threshold: float
+    threshold: Finite
     kind: GateKind = GateKind.ABSOLUTE
-    command: str = Field(min_length=1)
-    confidence: float = Field(default=0.90, gt=0.5, lt=1.0)
-    timeout_s: int = Field(default=600, gt=0)
-    allowed_preemptions: int = Field(default=0, ge=0)
+    command: Command
+    confidence: Finite = Field(default=0.90, gt=0.5, lt=1.0)
+    timeout_s: DurationS = 600
+    allowed_preemptions: int = Field(default=0, ge=0, le=1_000_000)
 
     @property
     def comparator(self) -> Literal[">=", "<="]:
@@ -86,14 +90,14 @@ class GateSpec(Model):
         return f"{subject} {self.comparator} {self.threshold:g}"
 
 
-class GateMeasurement(Model):
+class GateMeasurement(SpecModel):
     """What a gate command prints on stdout, as one JSON object.
 
     Validity fields turn a broken measurement into INVALID instead of a wrong PASS or FAIL.
     """
 
-    samples: list[float] = Field(min_length=1)
-    baseline_samples: list[float] | None = None
+    samples: list[Finite] = Field(min_length=1)
+    baseline_samples: list[Finite] | None = None
     unit: str = ""
     method: str = "command"
     failed_requests: int = Field(default=0, ge=0)

@@ -4,14 +4,32 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
-from daedalus.schemas._base import Model
+from daedalus.schemas._base import Model, SpecModel
 from daedalus.schemas.gates import GateResult, GateSpec
+from daedalus.schemas.limits import (
+    CHILDREN,
+    GATES,
+    HOST_PATTERN,
+    LIST_ITEMS,
+    PATCH_CHARS,
+    SLUG_PATTERN,
+    SPEC_BYTES,
+    Brief,
+    Command,
+    DurationS,
+    Finite,
+    Line,
+    Note,
+    Title,
+)
 
-TICKET_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+TICKET_ID_PATTERN = SLUG_PATTERN
 PERSON_PATTERN = r"^[a-z][a-z0-9_.-]{0,31}$"
+PERSON_CHARS = 32
 
 
 def host_queue(host: str) -> str:
@@ -35,16 +53,16 @@ class EngineKind(StrEnum):
     """A plain git repository (a trainer, a tool) that is not an inference engine."""
 
 
-class EngineRef(Model):
+class EngineRef(SpecModel):
     """The engine a ticket changes: which fork, where its source lives, and the commit work starts from."""
 
-    name: str = Field(min_length=1)
+    name: Line = Field(min_length=1)
     kind: EngineKind
-    repo: str = Field(
+    repo: Line = Field(
         min_length=1, description="a git URL, or a local path for tickets that run on this machine"
     )
-    base_commit: str = Field(default="HEAD", min_length=1)
-    preset: str | None = None
+    base_commit: Line = Field(default="HEAD", min_length=1)
+    preset: Line | None = None
 
 
 class AgentName(StrEnum):
@@ -55,14 +73,14 @@ class AgentName(StrEnum):
     ANTHROPIC = "anthropic"
 
 
-class AgentSpec(Model):
+class AgentSpec(SpecModel):
     """Who does the work. The scripted agent applies `patch` and runs `commands`: for demos and tests only."""
 
     name: AgentName
-    model: str | None = None
-    patch: str | None = None
-    commands: list[str] = Field(default_factory=list)
-    budget_usd: float | None = Field(default=None, gt=0)
+    model: Line | None = None
+    patch: str | None = Field(default=None, max_length=PATCH_CHARS)
+    commands: list[Command] = Field(default_factory=list, max_length=LIST_ITEMS)
+    budget_usd: Finite | None = Field(default=None, gt=0, le=100_000)
 
     @model_validator(mode="after")
     def _scripted_has_work(self) -> AgentSpec:
@@ -71,20 +89,24 @@ class AgentSpec(Model):
         return self
 
 
-class BuildSpec(Model):
-    command: str = Field(min_length=1)
-    timeout_s: int = Field(default=1800, gt=0)
+class BuildSpec(SpecModel):
+    command: Command
+    timeout_s: DurationS = 1800
 
 
-class ApprovalPolicy(Model):
+class ApprovalPolicy(SpecModel):
     """Who decides what. `delegates` lets a decider hand one kind of decision to someone else."""
 
     dispatch_requires_approval: bool = True
-    deciders: list[str] = Field(default_factory=lambda: ["wayne"], min_length=1)
-    delegates: dict[str, list[str]] = Field(
-        default_factory=dict, description="decision kind -> people who may decide it on the deciders' behalf"
+    deciders: list[Annotated[str, Field(max_length=PERSON_CHARS)]] = Field(
+        default_factory=lambda: ["wayne"], min_length=1, max_length=LIST_ITEMS
     )
-    reminder_interval_s: int = Field(default=3600, gt=0)
+    delegates: dict[str, list[Annotated[str, Field(max_length=PERSON_CHARS)]]] = Field(
+        default_factory=dict,
+        max_length=LIST_ITEMS,
+        description="decision kind -> people who may decide it on the deciders' behalf",
+    )
+    reminder_interval_s: DurationS = 3600
     inconclusive_reruns: int = Field(default=1, ge=0, le=5)
 
     @field_validator("deciders")
@@ -107,31 +129,32 @@ class DecisionKind(StrEnum):
     ESCALATION = "escalation"
 
 
-class TicketSpec(Model):
+class TicketSpec(SpecModel):
     """A ticket as filed: a YAML file, a JSON body, or a Python object."""
 
     id: str = Field(pattern=TICKET_ID_PATTERN)
-    title: str = Field(min_length=1, max_length=200)
+    title: Title
     parent: str | None = Field(default=None, pattern=TICKET_ID_PATTERN)
     kind: TicketKind = TicketKind.FIX
     engine: EngineRef | None = None
-    host: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+    host: str = Field(min_length=1, pattern=HOST_PATTERN)
     agent: AgentSpec | None = None
-    spec: str = Field(default="", description="the brief the agent works from")
+    spec: Brief = Field(default="", description="the brief the agent works from")
     build: BuildSpec | None = None
-    gates: list[GateSpec] = Field(default_factory=list)
+    gates: list[GateSpec] = Field(default_factory=list, max_length=GATES)
     approval: ApprovalPolicy = Field(default_factory=ApprovalPolicy)
     max_attempts: int = Field(default=3, ge=1, le=10)
-    budget_usd: float | None = Field(
-        default=None, gt=0, description="agent spend allowed across all attempts"
+    budget_usd: Finite | None = Field(
+        default=None, gt=0, le=100_000, description="agent spend allowed across all attempts"
     )
-    constraints: list[str] = Field(default_factory=list)
-    allowed_paths: list[str] = Field(default_factory=lambda: ["."])
+    constraints: list[Line] = Field(default_factory=list, max_length=LIST_ITEMS)
+    allowed_paths: list[Line] = Field(default_factory=lambda: ["."], max_length=LIST_ITEMS)
     exception_gates: list[str] = Field(
         default_factory=list,
+        max_length=LIST_ITEMS,
         description="gates whose failure closes the ticket under an exception instead of failing it",
     )
-    children: list[TicketSpec] = Field(default_factory=list)
+    children: list[TicketSpec] = Field(default_factory=list, max_length=CHILDREN)
 
     @model_validator(mode="after")
     def _consistent(self) -> TicketSpec:
@@ -155,6 +178,13 @@ class TicketSpec(Model):
         if self.agent is None and (self.build is not None or (not self.children and not self.gates)):
             raise ValueError(
                 "a ticket without an agent must be an umbrella over children or only measure gates"
+            )
+        size = len(self.model_dump_json())
+        if size > SPEC_BYTES:
+            raise ValueError(
+                f"ticket {self.id} is {size // 1024} KiB as JSON, more than the {SPEC_BYTES // 1024} KiB a "
+                f"ticket may carry through its workflow; put long briefs, patches and data in the repository "
+                f"and reference them from the spec"
             )
         return self
 
@@ -240,27 +270,27 @@ class DecisionRequest(Model):
         return None
 
 
-class Decision(Model):
+class Decision(SpecModel):
     """An answer to a DecisionRequest, from any channel (CLI, HTTP, Slack, bot)."""
 
-    request_id: str = Field(min_length=1)
-    option: str = Field(min_length=1)
+    request_id: str = Field(min_length=1, max_length=200)
+    option: str = Field(min_length=1, max_length=64)
     decided_by: str = Field(min_length=1, pattern=PERSON_PATTERN)
     channel: str = Field(default="cli", pattern=r"^(cli|api|slack|bot|policy)$")
-    note: str = ""
+    note: Note = ""
 
 
-class SpecAmendment(Model):
+class SpecAmendment(SpecModel):
     """A change to a live ticket's spec; applies from the next attempt on."""
 
     amended_by: str = Field(pattern=PERSON_PATTERN)
-    spec: str | None = None
-    constraints: list[str] | None = None
+    spec: Brief | None = None
+    constraints: list[Line] | None = Field(default=None, max_length=LIST_ITEMS)
     max_attempts: int | None = Field(default=None, ge=1, le=10)
-    note: str = ""
+    note: Note = ""
 
 
-class Delegation(Model):
+class Delegation(SpecModel):
     """A decider lets `delegate` decide one kind of decision ("the lead may dispatch on my behalf")."""
 
     granted_by: str = Field(pattern=PERSON_PATTERN)
@@ -269,9 +299,9 @@ class Delegation(Model):
     channel: str = Field(default="cli", pattern=r"^(cli|api|slack|bot|policy)$")
 
 
-class CancelRequest(Model):
+class CancelRequest(SpecModel):
     requested_by: str = Field(pattern=PERSON_PATTERN)
-    reason: str = Field(min_length=1)
+    reason: Note = Field(min_length=1)
 
 
 class TicketInput(Model):

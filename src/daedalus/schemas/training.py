@@ -9,7 +9,8 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
-from daedalus.schemas._base import Model
+from daedalus.schemas._base import Model, SpecModel
+from daedalus.schemas.limits import DURATION_MAX_S, HOST_PATTERN, LIST_ITEMS, Line
 from daedalus.schemas.ticket import AgentName, ApprovalPolicy, Decision, DecisionRequest, EngineRef
 
 RUN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$"
@@ -38,27 +39,37 @@ class MemorySource(StrEnum):
     """`budget_mib` minus the RSS of the trainer's process tree: hermetic, for tests and shared machines."""
 
 
-class WatchdogPolicy(Model):
+class WatchdogPolicy(SpecModel):
     """When the watchdog stops a run, and how. Defaults are the seed's guard rails (MEASUREMENT.md)."""
 
     memory_source: MemorySource = MemorySource.HOST
-    budget_mib: int | None = Field(default=None, gt=0, description="process_tree only: the trainer's budget")
+    budget_mib: int | None = Field(
+        default=None, gt=0, le=2**40, description="process_tree only: the trainer's budget"
+    )
     sample_interval_s: float = Field(default=1.0, ge=0.01, le=60)
     min_available_gib: float = Field(default=14.0, gt=0, description="stop when available drops below this")
     consecutive_samples: int = Field(default=2, ge=1, le=600)
-    slope_window_s: float = Field(default=900.0, gt=0, description="the leak fit looks this far back")
-    min_fit_span_s: float = Field(default=120.0, gt=0, description="no slope before this much history")
+    slope_window_s: float = Field(
+        default=900.0, gt=0, le=DURATION_MAX_S, description="the leak fit looks this far back"
+    )
+    min_fit_span_s: float = Field(
+        default=120.0, gt=0, le=DURATION_MAX_S, description="no slope before this much history"
+    )
     leak_flag_gib_per_h: float = Field(default=2.0, gt=0, description="flag a leak at least this fast")
     projection_horizon_s: float = Field(
-        default=0.0, ge=0, description="stop early when the threshold is projected within this; 0 = off"
+        default=0.0,
+        ge=0,
+        le=DURATION_MAX_S,
+        description="stop early when the threshold is projected within this; 0 = off",
     )
     checkpoint_signal: str = Field(default="SIGUSR1", pattern=r"^SIG[A-Z0-9]+$")
-    checkpoint_grace_s: float = Field(default=60.0, ge=0)
-    term_grace_s: float = Field(default=30.0, ge=0)
+    checkpoint_grace_s: float = Field(default=60.0, ge=0, le=DURATION_MAX_S)
+    term_grace_s: float = Field(default=30.0, ge=0, le=DURATION_MAX_S)
     oom_score_adj: int = Field(default=800, ge=-1000, le=1000)
     report_interval_s: float = Field(
         default=30.0,
         gt=0,
+        le=DURATION_MAX_S,
         description="how often the watchdog reports to the workflow (one activity segment)",
     )
 
@@ -89,31 +100,32 @@ class WatchdogPolicy(Model):
         return int(self.min_available_gib * GIB)
 
 
-class CheckpointPolicy(Model):
+class CheckpointPolicy(SpecModel):
     """Where the trainer writes checkpoints and how many complete ones to keep."""
 
     directory: Path
     every_steps: int = Field(
         default=10, ge=1, description="passed to the trainer as DAEDALUS_CHECKPOINT_EVERY"
     )
-    keep: int = Field(default=2, ge=1, description="keep the latest K complete checkpoints")
+    keep: int = Field(default=2, ge=1, le=1000, description="keep the latest K complete checkpoints")
     marker: str = Field(default=CHECKPOINT_MARKER, min_length=1)
 
 
-class RestartPolicy(Model):
+class RestartPolicy(SpecModel):
     """What happens after a death, and when the death counter starts again."""
 
     restart: bool = True
-    restart_delay_s: float = Field(default=10.0, ge=0)
+    restart_delay_s: float = Field(default=10.0, ge=0, le=DURATION_MAX_S)
     escalate_after_deaths: int = Field(default=3, ge=1, le=20)
     reset_after_stable_s: float | None = Field(
         default=None,
         gt=0,
+        le=DURATION_MAX_S,
         description="an incarnation that lives this long resets the death counter; None = only the decider does",
     )
 
 
-class HuntPolicy(Model):
+class HuntPolicy(SpecModel):
     """Who hunts a repeating death, and where."""
 
     agent: AgentName = AgentName.CODEX
@@ -128,14 +140,14 @@ class HuntPolicy(Model):
     )
 
 
-class TrainingRunSpec(Model):
+class TrainingRunSpec(SpecModel):
     """A training run as filed (`daedalus train start -f run.yaml`)."""
 
     name: str = Field(pattern=RUN_NAME_PATTERN)
-    host: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
-    command: list[str] = Field(min_length=1)
+    host: str = Field(min_length=1, pattern=HOST_PATTERN)
+    command: list[Line] = Field(min_length=1, max_length=LIST_ITEMS)
     cwd: Path = Path(".")
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, Line] = Field(default_factory=dict, max_length=LIST_ITEMS)
     checkpoints: CheckpointPolicy
     watchdog: WatchdogPolicy = Field(default_factory=WatchdogPolicy)
     restart: RestartPolicy = Field(default_factory=RestartPolicy)

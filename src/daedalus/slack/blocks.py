@@ -15,6 +15,7 @@ from slack_sdk.models.blocks import (
 )
 
 from daedalus.errors import BadButton
+from daedalus.escaping import for_slack, plain
 from daedalus.schemas.ticket import DecisionRequest
 from daedalus.slack.models import ButtonValue
 
@@ -46,29 +47,35 @@ def parse_button_value(value: str) -> ButtonValue:
 
 
 def fallback_text(request: DecisionRequest) -> str:
-    """The plain text Slack shows in notifications and to clients without Block Kit."""
+    """The plain text Slack shows in notifications and to clients without Block Kit (mrkdwn as well)."""
     prefix = f"Reminder {request.reminders_sent}: " if request.reminders_sent else ""
-    return f"{prefix}{request.question} (decision {request.id}; options: {', '.join(request.options)})"
+    return for_slack(
+        f"{prefix}{request.question} (decision {request.id}; options: {', '.join(request.options)})"
+    )
 
 
 def decision_blocks(request: DecisionRequest) -> list[Block]:
-    who = ", ".join(request.deciders + request.delegates)
+    # Every text below is escaped: a question quotes the ticket's title, and a title that says `<!channel>`
+    # or `<https://evil|https://good>` must reach Slack as those characters, not as a mention or a link.
+    who = for_slack(", ".join(request.deciders + request.delegates))
     heading = f"*Reminder {request.reminders_sent}* — " if request.reminders_sent else ""
     blocks: list[Block] = [
         SectionBlock(
             block_id=f"question:{request.id}",
-            text=MarkdownTextObject(text=_clip(f"{heading}{request.question}")),
+            text=MarkdownTextObject(text=_clip(f"{heading}{for_slack(request.question)}")),
         )
     ]
     if request.evidence:
-        evidence = "\n".join(f"• {line}" for line in request.evidence)
+        evidence = "\n".join(f"• {for_slack(line)}" for line in request.evidence)
         blocks.append(
             SectionBlock(block_id=f"evidence:{request.id}", text=MarkdownTextObject(text=_clip(evidence)))
         )
     blocks.append(
         ContextBlock(
             block_id=f"who:{request.id}",
-            elements=[MarkdownTextObject(text=_clip(f"decision `{request.id}` · may decide: {who}"))],
+            elements=[
+                MarkdownTextObject(text=_clip(f"decision `{for_slack(request.id)}` · may decide: {who}"))
+            ],
         )
     )
     blocks.append(
@@ -76,7 +83,7 @@ def decision_blocks(request: DecisionRequest) -> list[Block]:
             block_id=f"decide:{request.id}",
             elements=[
                 ButtonElement(
-                    text=option[:75],
+                    text=plain(option)[:75],
                     action_id=action_id(option),
                     value=button_value(request.id, option),
                     style=STYLES.get(option),
@@ -89,4 +96,11 @@ def decision_blocks(request: DecisionRequest) -> list[Block]:
 
 
 def _clip(text: str) -> str:
-    return text if len(text) <= SECTION_LIMIT else text[: SECTION_LIMIT - 1] + "…"
+    if len(text) <= SECTION_LIMIT:
+        return text
+    clipped = text[: SECTION_LIMIT - 1]
+    # never cut an escape (`&amp;`) in half: Slack would show the rest of it raw
+    entity = clipped.rfind("&")
+    if entity != -1 and ";" not in clipped[entity:]:
+        clipped = clipped[:entity]
+    return clipped + "…"

@@ -7,6 +7,7 @@ from sqlmodel import Session, col, select
 
 from daedalus.schemas.audit import AuditEvent, AuditKind, AuditRecord
 from daedalus.schemas.ticket import TicketStatus
+from daedalus.store import chain
 from daedalus.store.tables import AuditEventRow, DecisionRow, TicketRow, VerdictRow
 
 
@@ -15,7 +16,11 @@ def apply(*, session: Session, record: AuditRecord) -> bool:
     event = record.event
     if _written(session, event):
         return False
-    session.add(AuditEventRow(**event.model_dump()))
+    prev_hash = chain.last_hash(session, event.ticket_id)
+    fields = event.model_dump()
+    session.add(
+        AuditEventRow(**fields, prev_hash=prev_hash, hash=chain.event_hash(prev_hash=prev_hash, **fields))
+    )
     _project_ticket(session, record)
     _record_decision(session, record)
     if record.ticket is None and event.kind is AuditKind.CLOSED:

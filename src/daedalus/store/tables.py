@@ -32,10 +32,17 @@ class TicketRow(SQLModel, table=True):
 
 
 class AuditEventRow(SQLModel, table=True):
-    """Append-only. (run_id, seq) is unique: a retried activity cannot write an event twice."""
+    """Append-only. (run_id, seq) is unique: a retried activity cannot write an event twice.
+
+    `hash` chains the row to its predecessor in its subject's trail (`prev_hash`; store/chain.py). Two rows may
+    not name the same predecessor: a trail never forks, even when two writers race.
+    """
 
     __tablename__ = "audit_events"
-    __table_args__ = (UniqueConstraint("run_id", "seq", name="uq_audit_run_seq"),)
+    __table_args__ = (
+        UniqueConstraint("run_id", "seq", name="uq_audit_run_seq"),
+        UniqueConstraint("ticket_id", "prev_hash", name="uq_audit_chain"),
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     workflow_id: str
@@ -48,6 +55,8 @@ class AuditEventRow(SQLModel, table=True):
     status: str
     summary: str
     detail: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    prev_hash: str | None = Field(default=None, description="the hash of the trail's previous event")
+    hash: str | None = Field(default=None, description="sha256 over prev_hash and this event's fields")
 
 
 class DecisionRow(SQLModel, table=True):

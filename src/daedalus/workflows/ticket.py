@@ -101,27 +101,29 @@ class TicketWorkflow:
         self.extra_budget_usd = 0.0
         self.published: dict[str, str] = {}
         self._answer: Decision | None = None
-        # What the store holds: the highest seq with every event up to it written, and the status it wrote.
-        # Queries report this, never the live status, so a reader never sees a closed ticket whose trail is
-        # still being written (the closing event is written after `status` changes).
-        self.written_seq = 0
-        self.written_status = TicketStatus.DRAFT
-        self._written_out_of_order: dict[int, TicketStatus] = {}
+        # What the store holds: the ticket as of the highest seq with every event up to it written. Queries
+        # report this snapshot, never the live fields, so a reader never sees a state (a closed status, a
+        # pending decision) whose audit event is still being written.
+        self.written: TicketState = self._snapshot()
+        self._written_out_of_order: dict[int, TicketState] = {}
 
     # ---- queries and updates -------------------------------------------------------------------------
 
     @workflow.query(name="status")
     def state(self) -> TicketState:
-        """The ticket as its audit trail in the store shows it: status and seq never run ahead of the writes."""
+        """The ticket as its audit trail in the store shows it: never ahead of the writes."""
+        return self.written
+
+    def _snapshot(self) -> TicketState:
         return TicketState(
             spec=self.spec,
-            status=self.written_status,
-            attempts=self.attempts,
+            status=self.status,
+            attempts=list(self.attempts),
             pending_decision=self.pending,
-            decisions=self.decisions,
-            children=self.children,
-            outcome_reason=self.outcome_reason if self.written_status.is_closed else "",
-            audit_seq=self.written_seq,
+            decisions=list(self.decisions),
+            children=dict(self.children),
+            outcome_reason=self.outcome_reason,
+            audit_seq=self.seq,
         )
 
     @workflow.update
@@ -721,6 +723,7 @@ class TicketWorkflow:
     ) -> None:
         self.seq += 1
         seq = self.seq
+        snapshot = self._snapshot()
         info = workflow.info()
         spec = self.spec
         first_or_amended = seq == 1 or kind is AuditKind.AMENDED
@@ -761,14 +764,13 @@ class TicketWorkflow:
         await workflow.execute_activity(
             "record_audit_event", record, result_type=bool, start_to_close_timeout=AUDIT_TIMEOUT
         )
-        self._mark_written(seq, TicketStatus(record.event.status))
+        self._mark_written(snapshot)
 
-    def _mark_written(self, seq: int, status: TicketStatus) -> None:
+    def _mark_written(self, snapshot: TicketState) -> None:
         """Advance the written prefix; concurrent handlers may finish their writes out of order."""
-        self._written_out_of_order[seq] = status
-        while self.written_seq + 1 in self._written_out_of_order:
-            self.written_seq += 1
-            self.written_status = self._written_out_of_order.pop(self.written_seq)
+        self._written_out_of_order[snapshot.audit_seq] = snapshot
+        while self.written.audit_seq + 1 in self._written_out_of_order:
+            self.written = self._written_out_of_order.pop(self.written.audit_seq + 1)
 
 
 def _failure_signature(attempt: AttemptSummary) -> tuple[str, ...]:

@@ -1,0 +1,1 @@
+"""Hosts: the registry, worker liveness, GPU leases, tenants and engine mirrors."""

@@ -1,0 +1,63 @@
+"""Holding a GPU lease from inside a workflow, around the host activities that use the GPUs:
+
+    async with holding_lease(spec.host, LeaseRequest(lease_id=f"{workflow_id}/gate-{name}-{round}", ...)) as lease:
+        result = await workflow.execute_activity("run_gate", ..., task_queue=host_queue(spec.host))
+    # record lease.lease_id and lease.gpus with the verdict
+
+The grant comes through the control-queue activity `acquire_lease` (a workflow cannot send updates); the
+workflow itself keeps the lease alive with `keepalive` signals, so a host worker that dies mid-step does not
+lose the lease while Temporal retries the step; the lease goes back with `release_lease` whatever happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from daedalus.hosts.leases import LeaseCall, LeaseOutcome, LeaseRequest, keeper_id
+
+WAIT_LIMIT = timedelta(hours=12)
+"""How long a step may queue for its GPUs (a long training run on them is the usual reason)."""
+
+
+@asynccontextmanager
+async def holding_lease(
+    host: str, request: LeaseRequest, *, wait: timedelta = WAIT_LIMIT
+) -> AsyncIterator[LeaseOutcome]:
+    """Hold `request` on `host` for the body. A refusal raises ActivityError whose cause is an ApplicationError
+    of type LeaseRefused, with the keeper's reason."""
+    lease: LeaseOutcome = await workflow.execute_activity(
+        "acquire_lease",
+        LeaseCall(host=host, request=request),
+        result_type=LeaseOutcome,
+        start_to_close_timeout=wait,
+        heartbeat_timeout=timedelta(seconds=30),
+        retry_policy=RetryPolicy(maximum_attempts=0, non_retryable_error_types=["LeaseRefused"]),
+    )
+    keeper = workflow.get_external_workflow_handle(keeper_id(host))
+
+    async def keep_alive() -> None:
+        while True:
+            await workflow.sleep(timedelta(seconds=request.ttl_s / 3))
+            await keeper.signal("keepalive", request.lease_id)
+
+    beating = asyncio.create_task(keep_alive())
+    try:
+        yield lease
+    finally:
+        beating.cancel()
+        # Released even when the body failed or the workflow is being cancelled.
+        await asyncio.shield(
+            workflow.execute_activity(
+                "release_lease",
+                LeaseCall(host=host, lease_id=request.lease_id),
+                start_to_close_timeout=timedelta(minutes=2),
+                retry_policy=RetryPolicy(maximum_attempts=5),
+            )
+        )

@@ -1,0 +1,28 @@
+"""LeasedStepWorkflow: one command on a host under a GPU lease, the building block for every step that uses a
+host's GPUs (gate, benchmark, A/B pair, engine launch, training segment)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from daedalus.hosts.leases import LeasedCommand, LeasedRun
+
+
+@workflow.defn
+class LeasedStepWorkflow:
+    @workflow.run
+    async def run(self, step: LeasedCommand) -> LeasedRun:
+        return await workflow.execute_activity(
+            "run_leased",
+            step,
+            result_type=LeasedRun,
+            task_queue=step.task_queue,
+            start_to_close_timeout=timedelta(seconds=step.wait_s + step.timeout_s + 60),
+            heartbeat_timeout=timedelta(seconds=step.heartbeat_s),
+            # A worker that dies mid-step is retried elsewhere (or on its restart); its lease expires meanwhile.
+            retry_policy=RetryPolicy(maximum_attempts=5, initial_interval=timedelta(seconds=1)),
+        )

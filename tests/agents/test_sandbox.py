@@ -1,0 +1,353 @@
+"""Attacks on agent confinement (issue 8), each run in a real bubblewrap sandbox against a real linked worktree.
+
+Every attack here ran on the host before the sandbox existed: the deny list and path checks were a filter,
+and each of these slipped past it. The filter still stands in front of `run_shell` (a clear refusal for a
+sloppy model), but it is not what these tests rely on: each attack runs in the sandbox exactly as `run_shell`
+runs a command that got past the filter. The assertions look at the host, not at what the agent was told.
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import subprocess
+import sys
+import threading
+import tracemalloc
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+from daedalus.activities.builds import BuildActivities
+from daedalus.activities.gates import GateActivities
+from daedalus.activities.workspace import Workspace
+from daedalus.agents import worktree as wt
+from daedalus.agents.scripted import ScriptedAgent
+from daedalus.agents.settings import DEFAULT_DENY, AgentSettings
+from daedalus.agents.tools import MAX_OUTPUT, MAX_READ, Toolbox
+from daedalus.config import Settings
+from daedalus.sandbox import Sandbox, SandboxUnavailable, bwrap_binary
+from daedalus.schemas.agents import AgentTask, ExitReason
+from daedalus.schemas.gates import GateSpec
+from daedalus.schemas.steps import BuildInput, GateInput
+from tests.agents.conftest import Beats, MakeTask
+from tests.agents.fakes import sleeping, unique_sleep
+from tests.support import make_engine_repo
+
+SECRETS = {
+    "DAEDALUS_SLACK_BOT_TOKEN": "xoxb-slack-secret-4711",
+    "DAEDALUS_API_TOKENS": '{"api-secret-4712": "wayne"}',
+    "OPENAI_API_KEY": "sk-openai-secret-4713",
+    "ANTHROPIC_API_KEY": "sk-ant-secret-4714",
+}
+
+
+@pytest.fixture
+def task(make_task: MakeTask) -> AgentTask:
+    return make_task({"name": "openai"})
+
+
+@pytest.fixture
+def box(task: AgentTask) -> Toolbox:
+    return Toolbox(Path(task.worktree), deny=DEFAULT_DENY, shell_timeout_s=20)
+
+
+@pytest.fixture
+def secret(tmp_path: Path) -> str:
+    """A file outside the worktree that no agent may read."""
+    text = f"outside-secret-{uuid.uuid4().hex}"
+    (tmp_path / "secret.txt").write_text(text)
+    return text
+
+
+async def shell(box: Toolbox, command: str) -> str:
+    """Run `command` as run_shell does once past its filter: in the sandbox, output capped."""
+    ran = await box.sandboxed(["/bin/sh", "-c", command], limit=MAX_OUTPUT, keep="tail", timeout_s=20)
+    return f"exit code {ran.returncode}\n" + ran.data.decode(errors="replace")
+
+
+async def test_climbing_out_with_cd_finds_no_host_files(box: Toolbox, tmp_path: Path, secret: str) -> None:
+    up = ";".join(["cd .."] * len(box.root.parts))
+    out = await shell(box, f"{up};cat etc/hostname; cat {os.path.relpath(tmp_path / 'secret.txt', '/')}")
+    assert Path("/etc/hostname").read_text().strip() not in out.split("\n", 1)[1]
+    assert secret not in out
+
+
+async def test_a_usr_prefix_does_not_open_the_host(box: Toolbox, tmp_path: Path, secret: str) -> None:
+    target = Path("/tmp") / f"sandbox-escape-{uuid.uuid4().hex}"
+    out = await shell(box, f"echo pwned > /usr/..{target}; cat /usr/..{tmp_path}/secret.txt")
+    assert not target.exists(), out
+    assert secret not in out
+
+
+async def test_home_is_empty_and_not_the_workers(
+    box: Toolbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "worker-home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("PRIVATE-KEY-4715")
+    monkeypatch.setenv("HOME", str(home))
+    out = await shell(box, "echo $HOME; ls -A $HOME; cat $HOME/.ssh/id_ed25519 ~/.ssh/id_ed25519; ls /root")
+    assert "PRIVATE-KEY-4715" not in out and str(home) not in out
+
+
+async def test_python_cannot_open_host_files(box: Toolbox, tmp_path: Path, secret: str) -> None:
+    program = (
+        "import pathlib\n"
+        f"for p in ['/etc/passwd', '/etc/shadow', '{tmp_path}/secret.txt', '/proc/1/environ']:\n"
+        "    try: print(pathlib.Path(p).read_text())\n"
+        "    except OSError as e: print('refused', p, e)\n"
+    )
+    out = await shell(box, f'python3 -c "{program}"')
+    assert "root:" not in out and secret not in out
+    assert out.count("refused") >= 3, out
+
+
+async def test_git_config_cannot_plant_a_command_for_host_git(
+    box: Toolbox, task: AgentTask, tmp_path: Path
+) -> None:
+    marker = tmp_path / "fsmonitor-ran"
+    out = await shell(
+        box, f"git -C . config core.fsmonitor 'touch {marker}'; git -C . config --list --show-origin"
+    )
+    # The worker runs git in the worktree afterwards (status, rev-list, commit_all): it must run nothing.
+    wt.git("status", "--porcelain", cwd=Path(task.worktree))
+    assert not marker.exists(), out
+    got = subprocess.run(["git", "config", "--get", "core.fsmonitor"], cwd=task.repo, capture_output=True)
+    assert got.stdout == b""
+
+
+async def test_no_hook_can_be_written_into_the_main_repository(box: Toolbox, task: AgentTask) -> None:
+    out = await shell(
+        box,
+        'd=$(git rev-parse --git-common-dir); printf "#!/bin/sh\\ntouch /tmp/hooked\\n" > "$d/hooks/post-commit";'
+        ' chmod +x "$d/hooks/post-commit"; git rev-parse --git-common-dir',
+    )
+    assert not (Path(task.repo) / ".git" / "hooks" / "post-commit").exists(), out
+
+
+async def test_the_worktree_cannot_be_pointed_at_another_git_dir(
+    box: Toolbox, task: AgentTask, tmp_path: Path
+) -> None:
+    """A rewritten `.git` file or `commondir` would make host git read a config the agent wrote."""
+    marker = tmp_path / "redirected"
+    evil = Path(task.worktree) / "evil"
+    out = await shell(
+        box,
+        f"git init -q evil && git -C evil config core.fsmonitor 'touch {marker}';"
+        f" echo 'gitdir: {evil}/.git' > .git;"
+        f' echo {evil}/.git > "$(git rev-parse --git-dir)/commondir"',
+    )
+    assert (Path(task.worktree) / ".git").read_text().startswith("gitdir: " + task.repo), out
+    wt.git("status", "--porcelain", cwd=Path(task.worktree))
+    assert not marker.exists(), out
+
+
+@pytest.fixture
+def local_server() -> Iterator[tuple[str, list[str]]]:
+    hits: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"exfiltrated-4716")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/", hits
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def test_no_network_from_a_tool_shell(box: Toolbox, local_server: tuple[str, list[str]]) -> None:
+    url, hits = local_server
+    out = await shell(
+        box, f"python3 -c \"import urllib.request; print(urllib.request.urlopen('{url}').read())\""
+    )
+    assert hits == [] and "exfiltrated-4716" not in out
+    assert "Connection refused" in out or "Network is unreachable" in out, out
+
+
+async def test_env_holds_no_secret_of_the_worker(box: Toolbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    out = await shell(box, "env; cat /proc/*/environ | tr '\\0' '\\n'")
+    for value in SECRETS.values():
+        assert value not in out
+    assert "DAEDALUS_SANDBOX=bwrap" in out and "DAEDALUS_STEP_TOKEN=" in out
+
+
+async def test_setsid_and_nohup_children_die_with_the_tool_call(box: Toolbox) -> None:
+    first, second = unique_sleep(), unique_sleep()
+    command = f"setsid sleep {first} >/dev/null 2>&1 & nohup sleep {second} >/dev/null 2>&1 & echo started"
+    out = await box.call("run_shell", {"command": command})
+    assert "started" in out
+    assert sleeping(first) == [] and sleeping(second) == []
+
+
+async def test_scripted_commands_are_sandboxed_and_leave_nothing_running(
+    make_task: MakeTask, artifacts: Path, beats: Beats, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    escaped = Path("/tmp") / f"scripted-escape-{uuid.uuid4().hex}"
+    sleep = unique_sleep()
+    task = make_task(
+        {
+            "name": "scripted",
+            "commands": [
+                f"setsid sleep {sleep} >/dev/null 2>&1 &",
+                f"nohup sleep {sleep} >/dev/null 2>&1 &",
+                "env > leaked.txt",
+                f"touch {escaped} || true",
+                "echo 56.0 > speed.txt",
+            ],
+        }
+    )
+    result = await ScriptedAgent(AgentSettings()).run(task, artifacts=artifacts, heartbeat=beats)
+    assert result.exit_reason is ExitReason.COMMITTED, result.detail
+    assert sleeping(sleep) == [], "a scripted command's setsid/nohup child outlived it"
+    leaked = (Path(task.worktree) / "leaked.txt").read_text()
+    assert all(value not in leaked for value in SECRETS.values())
+    assert not escaped.exists()
+
+
+async def test_a_build_leaves_no_setsid_or_nohup_child(tmp_path: Path) -> None:
+    workspace = Workspace(root=tmp_path / "ws", artifacts=tmp_path / "artifacts")
+    workspace.worktree("t1", 1).mkdir(parents=True)
+    sleep = unique_sleep()
+    command = f"setsid sleep {sleep} >/dev/null 2>&1 & nohup sleep {sleep} >/dev/null 2>&1 & echo built"
+    result = await ActivityEnvironment().run(
+        BuildActivities(workspace).run_build,
+        BuildInput(ticket_id="t1", attempt=1, command=command, timeout_s=30),
+    )
+    assert result.ok, result.log_tail
+    assert sleeping(sleep) == []
+
+
+async def test_a_gate_leaves_no_setsid_child(tmp_path: Path) -> None:
+    workspace = Workspace(root=tmp_path / "ws", artifacts=tmp_path / "artifacts")
+    workspace.worktree("t1", 1).mkdir(parents=True)
+    sleep = unique_sleep()
+    measure = '{"samples": [56.0, 56.1, 55.9], "unit": "tok/s"}'
+    gate = GateSpec.model_validate(
+        {
+            "name": "decode",
+            "metric": "decode_tps",
+            "command": f"setsid sleep {sleep} >/dev/null 2>&1 & echo '{measure}'",
+            "op": ">=",
+            "threshold": 55,
+            "timeout_s": 30,
+        }
+    )
+    await ActivityEnvironment().run(
+        GateActivities(workspace).run_gate, GateInput(ticket_id="t1", attempt=1, gate=gate, host="local")
+    )
+    assert sleeping(sleep) == []
+
+
+async def test_a_normal_agent_edits_and_commits_through_the_sandbox(box: Toolbox, task: AgentTask) -> None:
+    await box.call("write_file", {"path": "src/fast.py", "content": "SPEED = 56.0\n"})
+    assert await box.call("read_file", {"path": "src/fast.py"}) == "SPEED = 56.0\n"
+    assert "fast.py" in await box.call("list_dir", {"path": "src"})
+    out = await shell(
+        box, "echo 56.0 > speed.txt && git add -A && git commit -qm 'speed up' && git log --oneline"
+    )
+    assert out.startswith("exit code 0"), out
+    commits = wt.commits_since(Path(task.worktree), task.base_commit)
+    assert len(commits) == 1
+    branch_head = wt.git("rev-parse", f"refs/heads/{task.branch}", cwd=Path(task.repo))
+    assert branch_head == commits[0]
+    assert wt.changed_paths(Path(task.worktree), task.base_commit) == ["speed.txt", "src/fast.py"]
+
+
+async def test_an_agent_cannot_move_another_branch(box: Toolbox, task: AgentTask) -> None:
+    main_before = wt.git("rev-parse", "main", cwd=Path(task.repo))
+    out = await shell(
+        box,
+        "git checkout -q main 2>&1; echo x >> README; git commit -qam evil; git update-ref refs/heads/main HEAD",
+    )
+    assert wt.git("rev-parse", "main", cwd=Path(task.repo)) == main_before, out
+
+
+async def test_reads_are_streamed_and_capped(box: Toolbox) -> None:
+    big = box.root / "big.log"
+    with big.open("wb") as handle:
+        handle.write(b"x" * (30 * 1024 * 1024))
+    tracemalloc.start()
+    try:
+        text = await box.call("read_file", {"path": "big.log"})
+        out = await box.call("run_shell", {"command": "yes | head -c 30000000; echo; echo the-end"})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert text.startswith("x" * 100) and "truncated" in text and len(text) < MAX_READ + 200
+    assert out.rstrip().endswith("the-end") and "truncated" in out and len(out) < MAX_OUTPUT + 200
+    assert peak < 4 * 1024 * 1024, f"the worker held {peak} bytes to answer capped reads"
+
+
+async def test_missing_bubblewrap_says_how_to_install_it(
+    task: AgentTask, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(SandboxUnavailable, match="make system"):
+        bwrap_binary()
+    with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
+        await Toolbox(Path(task.worktree), deny=DEFAULT_DENY).call("run_shell", {"command": "true"})
+
+
+def test_cli_agents_get_only_their_own_provider_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from daedalus.agents.claude import ClaudeAgent
+    from daedalus.agents.codex import CodexAgent
+
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    repo = make_engine_repo(tmp_path / "engine")
+    worktree = tmp_path / "wt"
+    wt.prepare_worktree(repo=repo, base_commit="main", worktree=worktree, branch="daedalus/t1/attempt-1")
+    task = AgentTask(
+        ticket_id="t1",
+        attempt=1,
+        agent={"name": "codex"},
+        brief="",
+        repo=str(repo),
+        base_commit="main",
+        worktree=str(worktree),
+        branch="daedalus/t1/attempt-1",
+        spec="x",
+    )
+    settings = Settings.load(env_file=None).agent  # the test is the entry point that reads the environment
+    codex = CodexAgent(settings).sandbox(task, tmp_path / "art", Path(sys.executable)).environment("t")
+    claude = ClaudeAgent(settings).sandbox(task, tmp_path / "art", Path(sys.executable)).environment("t")
+    assert codex["OPENAI_API_KEY"] == SECRETS["OPENAI_API_KEY"]
+    assert claude["ANTHROPIC_API_KEY"] == SECRETS["ANTHROPIC_API_KEY"]
+    for env, foreign in ((codex, "ANTHROPIC_API_KEY"), (claude, "OPENAI_API_KEY")):
+        values = set(env.values())
+        for name in ("DAEDALUS_SLACK_BOT_TOKEN", "DAEDALUS_API_TOKENS", foreign):
+            assert SECRETS[name] not in values
+
+
+def test_a_branch_that_escapes_refs_is_refused(task: AgentTask) -> None:
+    from daedalus.sandbox import SandboxError
+
+    with pytest.raises(SandboxError, match="outside"):
+        Sandbox.for_worktree(Path(task.worktree), branch="../../hooks/x").argv(["true"])
+
+
+def test_credentials_cannot_be_passed_into_sandboxes() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="look like credentials"):
+        AgentSettings(sandbox_pass_env=["CUDA_HOME", "DAEDALUS_SLACK_BOT_TOKEN"])
+    assert AgentSettings(sandbox_pass_env=["CUDA_HOME"]).sandbox_pass_env == ["CUDA_HOME"]

@@ -1,0 +1,31 @@
+"""docker-compose.yml keeps step with the registry: one worker service per host of examples/hosts.yaml, and
+every Daedalus service mounts the registry where DAEDALUS_HOSTS_FILE points. (No Docker engine here: the same
+topology runs as processes in test_pool.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from daedalus.hosts.registry import load_registry
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_one_worker_service_per_host_and_the_registry_mounted_everywhere() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    hosts = load_registry(ROOT / "examples" / "hosts.yaml").names
+    workers = {
+        name: service
+        for name, service in services.items()
+        if service.get("command", [])[:2] == ["worker", "--host"]
+    }
+    assert sorted(service["command"][2] for service in workers.values()) == sorted(hosts)
+    for host in hosts:
+        assert f"worker-{host.lower()}" in workers
+    daedalus = [s for s in services.values() if s.get("build") == "."]
+    for service in daedalus:
+        target = service["environment"]["DAEDALUS_HOSTS_FILE"]
+        assert any(str(volume).endswith(f":{target}:ro") for volume in service["volumes"]), service["command"]
