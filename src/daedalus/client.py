@@ -26,6 +26,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from daedalus.errors import TicketError
 from daedalus.hosts.registry import Registry
 from daedalus.schemas import search_attributes
+from daedalus.schemas.campaigns import CAMPAIGN_PREFIX, CampaignStatus
 from daedalus.schemas.limits import RESERVED_TICKET_PREFIXES, SPEC_BYTES
 from daedalus.schemas.ticket import (
     CancelRequest,
@@ -38,6 +39,7 @@ from daedalus.schemas.ticket import (
     TicketState,
 )
 from daedalus.schemas.training import TRAINING_PREFIX, TrainingRunStatus
+from daedalus.workflows.campaign import CampaignWorkflow
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
 
@@ -225,6 +227,8 @@ def subject_of_request(request_id: str) -> tuple[str, str]:
     subject = parts[0]
     if subject.startswith(TRAINING_PREFIX):
         return subject, f"training run {subject.removeprefix(TRAINING_PREFIX)}"
+    if subject.startswith(CAMPAIGN_PREFIX):
+        return subject, f"campaign {subject.removeprefix(CAMPAIGN_PREFIX)}"
     return workflow_id(subject), f"ticket {subject}"
 
 
@@ -247,9 +251,12 @@ def _ticket(ticket_id: str) -> tuple[str, str]:
     return workflow_id(ticket_id), f"ticket {ticket_id}"
 
 
-async def decide(client: Client, decision: Decision) -> TicketState | TrainingRunStatus:
-    """Answer a ticket's or a training run's pending decision, through the workflow's `decide` update."""
+async def decide(client: Client, decision: Decision) -> TicketState | TrainingRunStatus | CampaignStatus:
+    """Answer a ticket's, a training run's or a campaign's pending decision, through its `decide` update."""
     target = subject_of_request(decision.request_id)
+    if target[0].startswith(CAMPAIGN_PREFIX):
+        campaign: CampaignStatus = await _update(client, target, CampaignWorkflow.decide, decision)
+        return campaign
     if target[0].startswith(TRAINING_PREFIX):
         run_status: TrainingRunStatus = await _update(client, target, TrainingRunWorkflow.decide, decision)
         return run_status

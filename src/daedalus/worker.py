@@ -13,6 +13,7 @@ from temporalio.worker import Worker
 from daedalus.activities.attempts import AttemptActivities
 from daedalus.activities.audit import AuditActivities
 from daedalus.activities.builds import BuildActivities
+from daedalus.activities.campaigns import CampaignCellActivities, CampaignStoreActivities
 from daedalus.activities.engines import EngineActivities
 from daedalus.activities.gates import GateActivities
 from daedalus.activities.hosts import (
@@ -21,7 +22,9 @@ from daedalus.activities.hosts import (
     LeasedCommandActivities,
     TenantActivities,
 )
+from daedalus.activities.lessons import LessonActivities
 from daedalus.activities.notify import NotifyActivities
+from daedalus.activities.report import ReportActivities
 from daedalus.activities.training import TrainingActivities
 from daedalus.activities.workspace import Workspace
 from daedalus.agents.settings import AgentSettings
@@ -30,12 +33,21 @@ from daedalus.engines import paths
 from daedalus.engines.paths import EngineSettings
 from daedalus.schemas.ticket import host_queue
 from daedalus.slack.settings import SlackSettings
+from daedalus.workflows.campaign import CampaignWorkflow
 from daedalus.workflows.lease_keeper import LeaseKeeperWorkflow
 from daedalus.workflows.leased_step import LeasedStepWorkflow
+from daedalus.workflows.report_digest import ReportDigestWorkflow
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
 
-WORKFLOWS: Sequence[type] = (TicketWorkflow, TrainingRunWorkflow, LeaseKeeperWorkflow, LeasedStepWorkflow)
+WORKFLOWS: Sequence[type] = (
+    TicketWorkflow,
+    TrainingRunWorkflow,
+    LeaseKeeperWorkflow,
+    LeasedStepWorkflow,
+    ReportDigestWorkflow,
+    CampaignWorkflow,
+)
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,9 @@ def control_worker(client: Client, config: WorkerConfig, engine: Engine) -> Work
     audit = AuditActivities(engine)
     notify = NotifyActivities(config.slack, config.artifacts / "slack-posted")
     keepers, leases = KeeperStoreActivities(engine), LeaseActivities()
+    lessons = LessonActivities(engine)
+    report = ReportActivities(engine, config.slack, config.artifacts)
+    campaigns = CampaignStoreActivities(engine)
     return Worker(
         client,
         task_queue=config.control_queue,
@@ -84,6 +99,10 @@ def control_worker(client: Client, config: WorkerConfig, engine: Engine) -> Work
             keepers.passed_tickets,
             leases.acquire_lease,
             leases.release_lease,
+            lessons.record_lessons,
+            lessons.lessons_for,
+            report.post_report_digest,
+            campaigns.record_campaign,
         ],
         workflow_failure_exception_types=[Exception] if config.fail_workflows_on_bugs else [],
         max_concurrent_activities=config.max_concurrent_activities,
@@ -109,6 +128,7 @@ def host_worker(client: Client, config: WorkerConfig, host: str) -> Worker:
     training = TrainingActivities(config.artifacts, state_dir=config.workspace_root / host / "training")
     tenants = TenantActivities(gpu_state_dir(config.workspace_root, host))
     leased = LeasedCommandActivities(config.artifacts)
+    cells = CampaignCellActivities(config.artifacts)
     return Worker(
         client,
         task_queue=host_queue(host),
@@ -124,6 +144,7 @@ def host_worker(client: Client, config: WorkerConfig, host: str) -> Worker:
             tenants.pause_tenant,
             tenants.resume_tenant,
             leased.run_leased,
+            cells.measure_campaign_cell,
         ],
         max_concurrent_activities=config.max_concurrent_activities,
     )

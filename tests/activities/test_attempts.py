@@ -21,7 +21,6 @@ from temporalio.worker import Worker
 from daedalus.activities.attempts import AttemptActivities
 from daedalus.activities.workspace import Workspace
 from daedalus.agents.base import RESULT_FILE, RUNNING_FILE
-from daedalus.agents.lessons import record_lesson
 from daedalus.schemas._base import Model
 from daedalus.schemas.agents import AgentResult, ExitReason
 from daedalus.schemas.steps import AttemptInput
@@ -162,8 +161,12 @@ async def test_scripted_attempt_is_recorded_once_and_labelled(env: Env) -> None:
 
 
 async def test_prompt_carries_lessons_and_the_previous_failure(env: Env) -> None:
-    record_lesson(env.workspace.root, "toy", "prefix caching breaks partial prefill", source="ticket 3")
-    request = env.request().model_copy(update={"brief": "gate decode failed: 28.9 < 55 (median of 5 runs)"})
+    request = env.request().model_copy(
+        update={
+            "brief": "gate decode failed: 28.9 < 55 (median of 5 runs)",
+            "lessons": ["prefix caching breaks partial prefill (trap, 2026-07-12, ticket 3)"],
+        }
+    )
     env.activities.settings = fake_cli_settings(
         env.tmp_path,
         codex_bin=str(

@@ -19,7 +19,6 @@ from daedalus.agents import worktree as wt
 from daedalus.agents.base import RESULT_FILE, RUNNING_FILE, USAGE_FILE, RunningRecord
 from daedalus.agents.cli import CliAgent
 from daedalus.agents.costs import load_usage
-from daedalus.agents.lessons import read_lessons
 from daedalus.agents.prompt import build_prompt
 from daedalus.agents.registry import CodingAgent, agent_for
 from daedalus.agents.settings import AgentSettings
@@ -91,7 +90,7 @@ class AttemptActivities:
             title=spec.title,
             spec=spec.spec,
             constraints=spec.constraints,
-            lessons=read_lessons(self.workspace.root, spec.engine.name),
+            lessons=request.lessons,
             engine=spec.engine.name,
             idle_timeout_s=settings.idle_timeout_s,
             max_turns=settings.max_turns,

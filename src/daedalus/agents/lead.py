@@ -116,6 +116,12 @@ class LeadAgent:
         schema = json.dumps(TicketSpec.model_json_schema())
         hints = {k: v for k, v in (("id", request.ticket_id), ("host", request.host)) if v}
         prompt = request.request + (f"\n\nUse these fields as given: {json.dumps(hints)}" if hints else "")
+        if request.lessons:
+            # What the team learned on this host and engine goes into the draft's constraints where it applies.
+            prompt += (
+                "\n\nLessons the team recorded (turn the relevant ones into constraints):\n"
+                + "\n".join(f"- {lesson}" for lesson in request.lessons)
+            )
         problems: list[str] = []
         try:
             for _ in range(2):

@@ -6,6 +6,7 @@ from daedalus.schemas.agents import AgentTask
 
 CLAIM_SUCCESS = "RESULT: success"
 CLAIM_FAILURE = "RESULT: failure"
+TRAP_PREFIX = "TRAP:"
 
 
 def build_prompt(task: AgentTask) -> str:
@@ -34,6 +35,8 @@ def build_prompt(task: AgentTask) -> str:
         "## When you are done",
         "Commit your change on the current branch with `git add` and `git commit` (no push). "
         "Only a commit counts; your own verdict is recorded but does not decide. "
+        f"If you tripped over something the next person on this engine should know, say it on its own line "
+        f"starting with `{TRAP_PREFIX}`; it is recorded as a lesson. "
         f"End your final message with `{CLAIM_SUCCESS}` or `{CLAIM_FAILURE}`.",
     ]
     return "\n\n".join(parts) + "\n"
@@ -49,3 +52,17 @@ def claimed_success(final_text: str | None) -> bool | None:
         if CLAIM_FAILURE.lower() in line.lower():
             return False
     return None
+
+
+def reported_traps(final_text: str | None) -> list[str]:
+    """The traps an agent reported in its final message, one per `TRAP:` line (recorded as lessons)."""
+    if not final_text:
+        return []
+    traps = []
+    for line in final_text.splitlines():
+        text = line.strip().lstrip("-* ")
+        if text.upper().startswith(TRAP_PREFIX):
+            trap = " ".join(text[len(TRAP_PREFIX) :].split())
+            if trap and trap not in traps:
+                traps.append(trap)
+    return traps

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
 from temporalio.client import Client
 
-from daedalus.api import audit, decisions, slack_interactions, tickets
+from daedalus.api import audit, decisions, report, slack_interactions, tickets
 from daedalus.api.context import ApiContext, ClientFactory
 from daedalus.api.errors import validation_handler
 from daedalus.api.limits import MAX_BODY_BYTES, BodyLimit
@@ -37,7 +38,10 @@ def create_app(
 
         client_factory = factory
     assert client_factory is not None
-    app = FastAPI(
+    # /docs serves Swagger UI from the fastapi-offline package, so it works with no network. ReDoc is left
+    # off: its page fetches its logo from a CDN (the browser tests caught it).
+    app = FastAPIOffline(
+        redoc_url=None,
         title="Daedalus",
         summary="File tickets, answer decisions and read the audit trail of an ML-inference team's work.",
         version="0.1.0",
@@ -51,6 +55,6 @@ def create_app(
     )
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_exception_handler(RequestValidationError, validation_handler)
-    for router in (tickets.router, decisions.router, audit.router, slack_interactions.router):
+    for router in (tickets.router, decisions.router, audit.router, report.router, slack_interactions.router):
         app.include_router(router)
     return app

@@ -13,6 +13,7 @@ from daedalus.api.context import Caller, Context, TemporalClient, require_same_p
 from daedalus.api.errors import refusal, within
 from daedalus.api.models import DecisionPublic
 from daedalus.errors import TicketError
+from daedalus.schemas.campaigns import CampaignStatus
 from daedalus.schemas.ticket import Decision, TicketState
 from daedalus.schemas.training import TrainingRunStatus, training_workflow_id
 from daedalus.store import queries
@@ -23,11 +24,11 @@ router = APIRouter(prefix="/decisions", tags=["decisions"])
 POLL_S = 0.1
 
 
-@router.post("", response_model=TicketState | TrainingRunStatus)
+@router.post("", response_model=TicketState | TrainingRunStatus | CampaignStatus)
 async def decide(
     decision: Decision, caller: Caller, context: Context, client: TemporalClient
-) -> TicketState | TrainingRunStatus:
-    """Answer a decision request (a ticket's, or a training run's escalation). `decided_by` must be the caller; the ticket checks the request id, the
+) -> TicketState | TrainingRunStatus | CampaignStatus:
+    """Answer a decision request (a ticket's, a training run's escalation or a campaign's proposal). `decided_by` must be the caller; the ticket checks the request id, the
     option and the caller's authority before it writes anything (409 with its reason when it refuses)."""
     require_same_person(caller, decision.decided_by, "decided_by")
     decision = decision.model_copy(update={"channel": "api"})
@@ -40,14 +41,16 @@ async def decide(
 
 
 async def _after(
-    client: Client, decision: Decision, accepted: TicketState | TrainingRunStatus
-) -> TicketState | TrainingRunStatus:
+    client: Client, decision: Decision, accepted: TicketState | TrainingRunStatus | CampaignStatus
+) -> TicketState | TrainingRunStatus | CampaignStatus:
     """The state once the decision is applied and recorded.
 
     The `decide` update answers as soon as the ticket accepts the decision, with the state from before it;
     the workflow then records it (an audit event) and moves on. A caller wants the state after the decision,
     so this polls the status query until the decision is in it.
     """
+    if isinstance(accepted, CampaignStatus):
+        return accepted  # a campaign closes on its proposal's answer; its status carries the adopted preset
     if isinstance(accepted, TrainingRunStatus):
         handle = client.get_workflow_handle(training_workflow_id(accepted.name))
         while True:

@@ -7,7 +7,19 @@ import sys
 
 import typer
 
-from daedalus.cli import api, demo, engines, hosts, stack, tickets, training
+from daedalus.cli import (
+    api,
+    campaigns,
+    demo,
+    engines,
+    host_bundle,
+    hosts,
+    lessons,
+    reports,
+    stack,
+    tickets,
+    training,
+)
 from daedalus.cli._common import settings
 from daedalus.logs import configure_logging
 
@@ -31,6 +43,7 @@ app.command()(tickets.decide)
 app.command()(tickets.delegate)
 app.add_typer(tickets.audit_app, name="audit")
 app.command()(tickets.report)
+app.command("report-schedule")(reports.report_schedule)
 app.command()(demo.demo)
 tickets.app.command()(tickets.draft)
 app.add_typer(tickets.app, name="ticket")
@@ -38,6 +51,9 @@ app.add_typer(engines.app, name="engine")
 app.add_typer(training.app, name="train")
 app.add_typer(api.app, name="api")
 app.add_typer(hosts.app, name="hosts")
+app.add_typer(host_bundle.app, name="host")
+app.add_typer(lessons.app, name="lessons")
+app.add_typer(campaigns.app, name="campaign")
 
 
 def main() -> None:

@@ -13,8 +13,8 @@ from rich.table import Table
 
 from daedalus.engines import measure as measure_module
 from daedalus.engines.bench import Side, benchmark
-from daedalus.engines.llama_build import build_llama_cpp
-from daedalus.engines.measure import ensure_build
+from daedalus.engines.llama_build import BACKENDS, Backend, BuildConfig, build_llama_cpp
+from daedalus.engines.measure import build_config_for, ensure_build
 from daedalus.engines.paths import default_llama_source
 from daedalus.engines.presets import load_preset
 from daedalus.engines.runner import launched
@@ -32,10 +32,35 @@ console = Console(stderr=True)
 def build(
     source: Annotated[Path | None, typer.Option(help="llama.cpp source tree")] = None,
     jobs: Annotated[int, typer.Option(min=1)] = 2,
+    backend: Annotated[str, typer.Option(help=f"one of {', '.join(BACKENDS)}")] = "cpu",
+    cuda_arch: Annotated[
+        list[str] | None, typer.Option(help="CUDA architecture, e.g. 90 (repeatable; default: nvidia-smi)")
+    ] = None,
+    preset: Annotated[
+        str | None, typer.Option(help="take backend and architectures from this preset")
+    ] = None,
 ) -> None:
-    """Build llama-server, llama-perplexity and llama-bench (cached by source hash)."""
+    """Build llama-server, llama-perplexity and llama-bench (cached by source hash and backend flags)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     try:
-        result = asyncio.run(build_llama_cpp(source or default_llama_source(), jobs=jobs))
+        if preset is not None:
+            config = build_config_for(load_preset(preset))
+        elif backend not in BACKENDS:
+            raise EngineError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
+        else:
+            chosen: Backend = "cuda" if backend == "cuda" else "cpu"
+            config = BuildConfig.for_backend(chosen, cuda_arch or [])
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, transient=False) as bar:  # fmt: skip
+            task = bar.add_task(f"llama.cpp {config.backend} {' '.join(config.cuda_architectures)}".strip(),
+                                total=None)  # fmt: skip
+
+            def progress(done: int, total: int, _line: str) -> None:
+                bar.update(task, completed=done, total=total)
+
+            result = asyncio.run(build_llama_cpp(source or default_llama_source(), jobs=jobs,
+                                                 on_progress=progress, config=config))  # fmt: skip
     except EngineError as exc:
         console.print(f"[red]error:[/red] {for_terminal(exc)}")
         raise typer.Exit(2) from None
@@ -67,7 +92,7 @@ def bench(
     async def run() -> None:
         cand = load_preset(preset)
         base = load_preset(baseline_preset) if baseline_preset else None
-        build_ = await ensure_build()
+        build_ = await ensure_build(config=build_config_for(cand, base))
         workdir = Path(f"/tmp/daedalus-bench-{uuid.uuid4().hex[:8]}")
         async with launched(cand, model, workdir / "candidate", build=build_) as server:
             if base is None:

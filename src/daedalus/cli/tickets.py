@@ -273,26 +273,35 @@ def parse_since(text: str) -> datetime:
 def report(
     since: Annotated[str, typer.Option(help="ISO time, or a duration like 24h / 3d")] = "24h",
     out: Annotated[Path | None, typer.Option("-o", "--out", help="write the markdown here")] = None,
+    html: Annotated[
+        Path | None, typer.Option("--html", help="also write a self-contained HTML page (charts inline) here")
+    ] = None,
     narrate: Annotated[
         bool, typer.Option(help="open with the lead agent's narrative (needs an API key)")
     ] = False,
 ) -> None:
-    """The progress report, rolled up from the store: status cards, gates, training runs, pending decisions."""
-    from daedalus.report import build_report
+    """The progress report, rolled up from the store: cards, tickets and gates, campaigns, training, decisions."""
+    from daedalus.report import build_report, render_html, render_markdown
 
+    for target in (out, html):
+        if target is not None and not target.parent.is_dir():
+            fail(f"cannot write {target}: directory {target.parent} does not exist")
     with session_scope(store()) as session:
         built = build_report(session=session, since=parse_since(since))
-        if narrate:
-            from daedalus.agents.lead import LeadAgent
+    if narrate:
+        from daedalus.agents.lead import LeadAgent
 
-            narrative = run(LeadAgent(settings().agent).narrative(built.facts()))
-            built.narrative, built.narrative_note = narrative.lines, narrative.note
-        text = built.markdown()
-    if out is None:
-        console.print(Markdown(text))
-    else:
+        narrative = run(LeadAgent(settings().agent).narrative(built.facts()))
+        built.narrative, built.narrative_note = narrative.lines, narrative.note
+    text = render_markdown(built)
+    if html is not None:
+        html.write_text(render_html(built))
+        console.print(f"HTML report written to {html}")
+    if out is not None:
         out.write_text(text)
         console.print(f"report written to {out}")
+    elif html is None:
+        console.print(Markdown(text))
 
 
 def draft(
@@ -305,9 +314,15 @@ def draft(
     from daedalus.agents.lead import LeadAgent
     from daedalus.schemas.agents import SpecDraftRequest
 
+    lessons: list[str] = []
+    if host is not None:
+        from daedalus.activities.lessons import lesson_lines
+        from daedalus.schemas.lessons import LessonQuery
+
+        lessons = lesson_lines(engine=store(), query=LessonQuery(host=host))
     drafted = run(
         LeadAgent(settings().agent).draft_spec(
-            SpecDraftRequest(request=request, ticket_id=ticket_id, host=host)
+            SpecDraftRequest(request=request, ticket_id=ticket_id, host=host, lessons=lessons)
         )
     )
     if drafted.spec_json is None:

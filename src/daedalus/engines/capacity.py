@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import httpx
@@ -9,6 +10,7 @@ import psutil
 
 from daedalus.engines.base import Server
 from daedalus.engines.bench import Side, run_round
+from daedalus.engines.gpu import GpuUnavailable, NvmlDevice, settled_used_bytes
 from daedalus.engines.llama_build import LlamaBuild
 from daedalus.engines.llama_cpp import parse_kv_cache_log
 from daedalus.engines.process import tail
@@ -46,16 +48,35 @@ async def _warm(server: Server) -> None:
         await run_round(client, side, Workload(prompt_words=8, max_tokens=4), 1, 0, warmup=True)
 
 
+def on_gpu(preset: LlamaCppPreset) -> bool:
+    return preset.backend == "cuda" and preset.n_gpu_layers > 0
+
+
+def gpu_device(preset: LlamaCppPreset) -> NvmlDevice | None:
+    """NVML for a CUDA preset: its KV cache lives in device memory, which host RSS does not see."""
+    if not on_gpu(preset):
+        return None
+    try:
+        return NvmlDevice(0)
+    except GpuUnavailable as exc:
+        raise EngineError(
+            f"preset {preset.name} runs on the GPU, so KiB/token is read from NVML: {exc}"
+        ) from None
+
+
 async def kv_at(preset: LlamaCppPreset, model: Path, workdir: Path, build: LlamaBuild) -> KvMeasurement:
+    device = gpu_device(preset)
     async with launched(preset, model, workdir / f"ctx{preset.context}", build=build) as server:
         await _warm(server)
         rss = group_rss(server.process.pid)
+        gpu_used = await asyncio.to_thread(settled_used_bytes, device) if device is not None else None
         caches = parse_kv_cache_log(server.log_text())
     return KvMeasurement(
         preset=preset.name,
         context=preset.context,
         reported_kv_mib=caches[0].mib if caches else None,
         rss_mib=rss / MIB,
+        gpu_used_mib=gpu_used / MIB if gpu_used is not None else None,
         pool_tokens=caches[0].cells if caches else None,
     )
 
@@ -67,17 +88,23 @@ async def kib_per_token(
     build: LlamaBuild,
     contexts: tuple[int, int] = (1024, 8192),
 ) -> tuple[float, float | None, list[KvMeasurement]]:
-    """Memory at two context sizes divided by the token difference: fixed overheads cancel out."""
+    """Memory at two context sizes divided by the token difference: fixed overheads cancel out.
+
+    Host RSS for a CPU preset; NVML device memory for a CUDA preset (its cache is not in host memory).
+    """
     low, high = sorted(contexts)
     if low == high:
         raise EngineError("KiB/token by difference needs two different context sizes")
     a = await kv_at(preset.model_copy(update={"context": low}), model, workdir, build)
     b = await kv_at(preset.model_copy(update={"context": high}), model, workdir, build)
-    by_rss = (b.rss_mib - a.rss_mib) * 1024 / (high - low)
+    if a.gpu_used_mib is not None and b.gpu_used_mib is not None:
+        by_difference = (b.gpu_used_mib - a.gpu_used_mib) * 1024 / (high - low)
+    else:
+        by_difference = (b.rss_mib - a.rss_mib) * 1024 / (high - low)
     reported = None
     if a.reported_kv_mib is not None and b.reported_kv_mib is not None:
         reported = (b.reported_kv_mib - a.reported_kv_mib) * 1024 / (high - low)
-    return by_rss, reported, [a, b]
+    return by_difference, reported, [a, b]
 
 
 async def capacity(
@@ -102,6 +129,7 @@ async def capacity(
         baseline_preset=baseline.name if baseline else None,
         measurements=[*measurements, at_preset],
         kib_per_token=kib,
+        kib_source="nvml" if on_gpu(preset) else "rss",
         kib_per_token_reported=reported,
         baseline_kib_per_token=base_kib,
         compression=compression,

@@ -1,4 +1,9 @@
-"""Build llama.cpp from a source tree with CMake, once per source hash, cached and shared by processes."""
+"""Build llama.cpp from a source tree with CMake, once per source hash and backend flags, cached and shared.
+
+The CPU build is the default and keeps its cache key (the source hash alone). A CUDA build adds
+`-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=...` and lives under `<hash>-cuda-<flags hash>`, so two architecture
+lists never share a build and a CPU build is never mistaken for a GPU one.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +14,12 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import structlog
 
@@ -39,11 +46,103 @@ _NINJA_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")
 _SKIP_DIRS = {".git", "build", "__pycache__"}
 
 
+Backend = Literal["cpu", "cuda"]
+BACKENDS: tuple[Backend, ...] = ("cpu", "cuda")
+_ARCH = re.compile(r"^\d{2,3}[a-z]?(-real|-virtual)?$")
+
+
+def parse_compute_caps(text: str) -> tuple[str, ...]:
+    """`nvidia-smi --query-gpu=compute_cap --format=csv,noheader` ("9.0" a line) as CMake architectures ("90")."""
+    archs: list[str] = []
+    for line in text.split():
+        major, dot, minor = line.strip().partition(".")
+        if not (dot and major.isdigit() and minor.isdigit()):
+            raise BuildError(f"nvidia-smi reported compute capability {line!r}, expected a number like 9.0")
+        arch = f"{major}{minor}"
+        if arch not in archs:
+            archs.append(arch)
+    return tuple(archs)
+
+
+def detect_cuda_architectures() -> tuple[str, ...]:
+    """The compute capabilities of this host's GPUs, from nvidia-smi."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        raise BuildError(
+            "a CUDA build needs the GPUs' architectures: nvidia-smi is not on PATH here, so pass them "
+            "(--cuda-arch 90 for an H100/H200) or set cuda_architectures in the preset"
+        )
+    done = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                          text=True, timeout=30, check=False)  # fmt: skip
+    if done.returncode != 0 or not done.stdout.strip():
+        raise BuildError(f"nvidia-smi could not report compute capabilities (exit {done.returncode}): "
+                         f"{(done.stderr or done.stdout).strip()[:300]}; pass --cuda-arch instead")  # fmt: skip
+    return parse_compute_caps(done.stdout)
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Which backend to build and, for CUDA, for which architectures."""
+
+    backend: Backend = "cpu"
+    cuda_architectures: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise BuildError(f"unknown backend {self.backend!r}; known: {', '.join(BACKENDS)}")
+        if self.backend == "cpu" and self.cuda_architectures:
+            raise BuildError(
+                "CUDA architectures were given for a CPU build; pass --backend cuda or drop them"
+            )
+        for arch in self.cuda_architectures:
+            if not _ARCH.match(arch):
+                raise BuildError(f"CUDA architecture {arch!r} is not like 90, 90a or 89-real (CMake's form)")
+
+    @classmethod
+    def for_backend(cls, backend: Backend, architectures: Sequence[str] = ()) -> BuildConfig:
+        """A config; a CUDA build with no architectures asks nvidia-smi."""
+        if backend == "cuda" and not architectures:
+            architectures = detect_cuda_architectures()
+        return cls(backend=backend, cuda_architectures=tuple(architectures))
+
+    def cmake_flags(self) -> tuple[str, ...]:
+        if self.backend == "cpu":
+            return CMAKE_FLAGS
+        if not self.cuda_architectures:
+            raise BuildError("a CUDA build needs at least one architecture; use BuildConfig.for_backend")
+        return (
+            *CMAKE_FLAGS,
+            "-DGGML_CUDA=ON",
+            f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(self.cuda_architectures)}",
+        )
+
+    def cache_key(self, digest: str) -> str:
+        if self.backend == "cpu":
+            return digest  # unchanged, so every CPU build made before backends existed is still found
+        flags = hashlib.sha256("\0".join(self.cmake_flags()).encode()).hexdigest()[:8]
+        return f"{digest}-{self.backend}-{flags}"
+
+
+CPU = BuildConfig()
+
+
+def find_nvcc() -> str:
+    """nvcc on PATH, or the toolkit's default place (images often leave /usr/local/cuda/bin off PATH)."""
+    toolkit = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc"
+    for candidate in (shutil.which("nvcc"), os.environ.get("CUDACXX"), str(toolkit)):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    raise BuildError(
+        "a CUDA build needs nvcc (the CUDA toolkit): put it on PATH, or set CUDACXX or CUDA_HOME"
+    )
+
+
 @dataclass(frozen=True)
 class LlamaBuild:
     source: Path
     source_hash: str
     build_dir: Path
+    config: BuildConfig = CPU
 
     @property
     def bin_dir(self) -> Path:
@@ -81,12 +180,12 @@ def build_root(digest: str) -> Path:
     return cache_root() / "llama.cpp" / digest
 
 
-def cached_build(source: Path) -> LlamaBuild | None:
-    """The finished build for this source tree, or None."""
+def cached_build(source: Path, config: BuildConfig = CPU) -> LlamaBuild | None:
+    """The finished build for this source tree and config, or None."""
     digest = source_hash(source)
-    root = build_root(digest)
+    root = build_root(config.cache_key(digest))
     if (root / "build.json").is_file():
-        return LlamaBuild(source=source, source_hash=digest, build_dir=root / "build")
+        return LlamaBuild(source=source, source_hash=digest, build_dir=root / "build", config=config)
     return None
 
 
@@ -95,6 +194,7 @@ async def build_llama_cpp(
     *,
     jobs: int = 2,
     on_progress: Callable[[int, int, str], None] | None = None,
+    config: BuildConfig = CPU,
 ) -> LlamaBuild:
     """Configure and build the three tools; reuse a finished build of the same source hash.
 
@@ -103,11 +203,12 @@ async def build_llama_cpp(
     """
     source = source.resolve()
     digest = await asyncio.to_thread(source_hash, source)
-    root = build_root(digest)
+    flags = config.cmake_flags()
+    root = build_root(config.cache_key(digest))
     root.mkdir(parents=True, exist_ok=True)
     marker = root / "build.json"
     build_dir = root / "build"
-    result = LlamaBuild(source=source, source_hash=digest, build_dir=build_dir)
+    result = LlamaBuild(source=source, source_hash=digest, build_dir=build_dir, config=config)
     lock_fd = os.open(root / ".lock", os.O_CREAT | os.O_RDWR)
     try:
         await asyncio.to_thread(fcntl.flock, lock_fd, fcntl.LOCK_EX)
@@ -117,9 +218,12 @@ async def build_llama_cpp(
         build_log.unlink(missing_ok=True)
         if shutil.which("cmake") is None:
             raise BuildError("cmake is not on PATH; install cmake (and a C++ compiler) to build llama.cpp")
+        configure_extra = []
+        if config.backend == "cuda":
+            configure_extra = [f"-DCMAKE_CUDA_COMPILER={find_nvcc()}"]
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
         started = time.monotonic()
-        configure = ["cmake", "-S", str(source), "-B", str(build_dir), *generator, *CMAKE_FLAGS]
+        configure = ["cmake", "-S", str(source), "-B", str(build_dir), *generator, *flags, *configure_extra]
         rc = await run_logged(configure, build_log)
         if rc != 0:
             raise BuildError(
@@ -141,7 +245,8 @@ async def build_llama_cpp(
             "source": str(source),
             "source_hash": digest,
             "targets": list(TARGETS),
-            "flags": list(CMAKE_FLAGS),
+            "backend": config.backend,
+            "flags": list(flags),
             "seconds": round(time.monotonic() - started, 1),
         }
         tmp = marker.with_suffix(".tmp")

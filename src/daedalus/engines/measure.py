@@ -19,7 +19,8 @@ import typer
 
 from daedalus.engines.bench import Side, benchmark
 from daedalus.engines.capacity import capacity, ladder
-from daedalus.engines.llama_build import LlamaBuild, build_llama_cpp, cached_build
+from daedalus.engines.gpu import copy_bandwidth, floor_fractions, floor_tps, model_bytes_per_token
+from daedalus.engines.llama_build import CPU, BuildConfig, LlamaBuild, build_llama_cpp, cached_build
 from daedalus.engines.paths import default_llama_source
 from daedalus.engines.presets import load_preset
 from daedalus.engines.quality import needle_probe, perplexity_delta, temp0_identity, write_corpus
@@ -38,12 +39,14 @@ METRIC_METHODS: dict[Metric, str] = {
     Metric.TPOT_MS: "benchmark: per-round median (E2E - TTFT) / (tokens - 1)",
     Metric.KV_POOL_TOKENS: "capacity: KV cells the engine allocated at the preset's context",
     Metric.COMPRESSION: "capacity: baseline KiB/token / candidate KiB/token (both by difference)",
-    Metric.KIB_PER_TOKEN: "capacity: RSS at two context sizes, divided by the token difference",
+    Metric.KIB_PER_TOKEN: "capacity: memory at two context sizes (host RSS; NVML device memory for CUDA presets), "
+    "divided by the token difference",
     Metric.NEEDLE: "probe: needle in a haystack over depths x lengths (1 per trial found, 0 otherwise)",
     Metric.TEMP0_IDENTITY: "probe: temp-0 token identity vs the baseline, near-tie rule (1 per prompt passing)",
     Metric.PPL_DELTA_PCT: "probe: llama-perplexity dPPL % vs the baseline preset",
     Metric.PREEMPTIONS: "benchmark: preempted or deferred requests during the measured rounds",
     Metric.CONCURRENT_USERS: "ladder: the largest N users served at once with zero failures and deferrals",
+    Metric.FLOOR_FRACTION: "benchmark decode tok/s / (measured device copy GB/s / model bytes per token); GPU only",
 }
 NEEDS_BASELINE = {Metric.COMPRESSION, Metric.TEMP0_IDENTITY, Metric.PPL_DELTA_PCT}
 
@@ -66,9 +69,22 @@ def check_metric(metric: Metric, *, baseline: bool = False) -> None:
         )
 
 
-async def ensure_build(source: Path | None = None) -> LlamaBuild:
+async def ensure_build(source: Path | None = None, config: BuildConfig = CPU) -> LlamaBuild:
     source = source or default_llama_source()
-    return cached_build(source) or await build_llama_cpp(source)
+    return cached_build(source, config) or await build_llama_cpp(source, config=config)
+
+
+def build_config_for(*presets: LlamaCppPreset | VllmPreset | None) -> BuildConfig:
+    """The build the llama.cpp presets need; a CPU and a CUDA preset cannot share one server build."""
+    llama = [p for p in presets if isinstance(p, LlamaCppPreset)]
+    backends = {p.backend for p in llama}
+    if len(backends) > 1:
+        raise EngineError(f"presets {', '.join(p.name for p in llama)} mix backends {sorted(backends)}; "
+                          "an A/B comparison runs both sides on one build: give them the same backend")  # fmt: skip
+    if backends != {"cuda"}:
+        return CPU
+    archs = next((p.cuda_architectures for p in llama if p.cuda_architectures), [])
+    return BuildConfig.for_backend("cuda", archs)
 
 
 def _series(result: ConcurrencyResult, metric: Metric, bench: BenchResult) -> list[float]:
@@ -137,9 +153,17 @@ async def measure(
         raise EngineError(f"model file {model} does not exist")
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"daedalus-measure-{metric.value}-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    if metric is Metric.FLOOR_FRACTION and not (
+        isinstance(preset, LlamaCppPreset) and preset.backend == "cuda"
+    ):
+        raise UnsupportedMetric(f"floor_fraction is a GPU metric: preset {preset.name} does not run on CUDA "
+                                "(set backend: cuda and n_gpu_layers, as examples/presets/gpu-*.yaml do)")  # fmt: skip
     needs_llama = any(isinstance(p, LlamaCppPreset) for p in (preset, baseline) if p is not None)
-    build = await ensure_build() if needs_llama else None
+    build = await ensure_build(config=build_config_for(preset, baseline)) if needs_llama else None
     workload = workload or Workload()
+
+    if metric is Metric.FLOOR_FRACTION:
+        return await _floor_fraction(preset, model, workload, workdir, build)
 
     if metric in (Metric.DECODE_TPS, Metric.PREFILL_TPS, Metric.TTFT_MS, Metric.TPOT_MS, Metric.PREEMPTIONS):
         async with launched(preset, model, workdir / "candidate", build=build) as server:
@@ -170,7 +194,7 @@ async def measure(
         unit = {Metric.KIB_PER_TOKEN: "KiB/token", Metric.COMPRESSION: "x", Metric.KV_POOL_TOKENS: "tokens"}[
             metric
         ]
-        return GateMeasurement(samples=[value], unit=unit, method="capacity by difference (RSS)",
+        return GateMeasurement(samples=[value], unit=unit, method=f"capacity by difference ({cap.kib_source})",
                                invalid_reason=invalid,
                                evidence={"artifact": str(artifact),
                                          "reported_kib_per_token": str(cap.kib_per_token_reported)})  # fmt: skip
@@ -204,6 +228,34 @@ async def measure(
                                          "baseline_ppl": f"{ppl.baseline_ppl} +/- {ppl.baseline_ppl_err}",
                                          "delta_err_pct": f"{ppl.delta_err_pct}"})  # fmt: skip
     raise UnsupportedMetric(f"metric {metric.value!r} has no measurement")
+
+
+async def _floor_fraction(
+    preset: LlamaCppPreset | VllmPreset,
+    model: Path,
+    workload: Workload,
+    workdir: Path,
+    build: LlamaBuild | None,
+) -> GateMeasurement:
+    """Decode rounds as fractions of the bandwidth floor; the copy benchmark runs before the server starts."""
+    bandwidth = await asyncio.to_thread(copy_bandwidth)
+    per_token = model_bytes_per_token(model)
+    async with launched(preset, model, workdir / "candidate", build=build) as server:
+        bench = await benchmark(Side(name=preset.name, server=server), workload, run_id=workdir.name,
+                                model=str(model))  # fmt: skip
+    artifact = workdir / "bench.json"
+    artifact.write_text(bench.model_dump_json(indent=2))
+    decode = _from_bench(Metric.DECODE_TPS, bench, artifact)
+    floor = floor_tps(bandwidth.gbs, per_token)
+    return decode.model_copy(update={
+        "samples": floor_fractions(decode.samples, bandwidth.gbs, per_token), "unit": "of the bandwidth floor",
+        "method": f"decode tok/s / floor; floor = copy {bandwidth.gbs:.0f} GB/s (read+written, {bandwidth.device}) "
+                  f"/ {per_token / 1e9:.3f} GB per token = {floor:.0f} tok/s",
+        "evidence": {**decode.evidence, "copy_bandwidth_gbs": f"{bandwidth.gbs:.1f}",
+                     "copy_rounds_gbs": ", ".join(f"{g:.0f}" for g in bandwidth.rounds_gbs),
+                     "model_bytes_per_token": str(per_token), "floor_tps": f"{floor:.1f}",
+                     "decode_tps": ", ".join(f"{t:.1f}" for t in decode.samples)},
+    })  # fmt: skip
 
 
 app = typer.Typer(add_completion=False, help="Measure one gate metric and print a GateMeasurement JSON.")

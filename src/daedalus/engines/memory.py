@@ -131,6 +131,16 @@ class Nvml:
             self._nvml = None
             return None
 
+    def utilization_pct(self) -> int | None:
+        """Mean NVML GPU utilisation over the devices (percent of the last sample period a kernel ran)."""
+        if self._nvml is None or not self._handles:
+            return None
+        try:
+            rates = [int(self._nvml.nvmlDeviceGetUtilizationRates(h).gpu) for h in self._handles]
+        except Exception:
+            return None  # utilisation is optional in the curve; memory's status already says what NVML can do
+        return round(sum(rates) / len(rates))
+
 
 @dataclass(frozen=True)
 class SlopeFit:

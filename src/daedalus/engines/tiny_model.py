@@ -161,6 +161,9 @@ MODELS: dict[str, TinyModelSpec] = {
     # Larger ones, so decode throughput is not dominated by per-request overhead.
     "small": TinyModelSpec("small", n_layer=4, n_embd=256, n_head=8, n_head_kv=4, n_ff=768),
     "medium": TinyModelSpec("medium", n_layer=8, n_embd=512, n_head=8, n_head_kv=4, n_ff=1408),
+    # The GPU lane's model: ~0.97 B parameters in f16 (1.8 GiB), big enough that decode on an H200 is bound by
+    # memory bandwidth rather than launch overhead, as the earlier H200 measurement used.
+    "gpu-1b": TinyModelSpec("gpu-1b", n_layer=16, n_embd=2048, n_head=32, n_head_kv=8, n_ff=8192),
 }
 
 

@@ -166,13 +166,16 @@ class Sample:
     available: int
     psi: float | None
     gpu_used: int | None
+    gpu_util: int | None = None
+    """NVML utilisation %, summed over the host's GPUs' readings divided by their count."""
 
 
 def append_sample(path: Path, sample: Sample) -> None:
     with path.open("a") as handle:
         psi = "" if sample.psi is None else f"{sample.psi:.2f}"
         gpu = "" if sample.gpu_used is None else str(sample.gpu_used)
-        handle.write(f"{sample.t:.3f},{sample.available},{psi},{gpu}\n")
+        util = "" if sample.gpu_util is None else str(sample.gpu_util)
+        handle.write(f"{sample.t:.3f},{sample.available},{psi},{gpu},{util}\n")
 
 
 def read_curve(path: Path) -> Iterator[Sample]:
@@ -182,7 +185,7 @@ def read_curve(path: Path) -> Iterator[Sample]:
         return
     with handle:
         for row in csv.reader(handle):
-            if len(row) != 4:
+            if len(row) not in (4, 5):  # 4: curves written before GPU utilisation was sampled
                 continue  # a line torn by a kill mid-write
             try:
                 yield Sample(
@@ -190,6 +193,7 @@ def read_curve(path: Path) -> Iterator[Sample]:
                     int(row[1]),
                     float(row[2]) if row[2] else None,
                     int(row[3]) if row[3] else None,
+                    int(row[4]) if len(row) == 5 and row[4] else None,
                 )
             except ValueError:
                 continue
@@ -362,6 +366,7 @@ class Supervisor:
             available=reader.available_bytes(),
             psi=read_psi_some_avg10(),
             gpu_used=self.nvml.used_bytes() if self.nvml else None,
+            gpu_util=self.nvml.utilization_pct() if self.nvml else None,
         )
         append_sample(self.run_dir / CURVE_FILE, sample)
         self.last = sample
@@ -493,7 +498,7 @@ class Supervisor:
         if curve_src.exists():
             tmp = curve_dst.with_suffix(".tmp")
             with tmp.open("w") as out:
-                out.write("unix_time,available_bytes,psi_some_avg10,gpu_used_bytes\n")
+                out.write("unix_time,available_bytes,psi_some_avg10,gpu_used_bytes,gpu_util_pct\n")
                 out.write(curve_src.read_text())
             os.replace(tmp, curve_dst)
         tail_dst = self.artifact_dir / "log-tail.txt"
@@ -520,6 +525,7 @@ class Supervisor:
                 available_bytes=last.available,
                 psi_some_avg10=last.psi,
                 gpu_used_bytes=last.gpu_used,
+                gpu_util_pct=last.gpu_util,
             )
             if last
             else None,

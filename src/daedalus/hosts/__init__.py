@@ -1,1 +1,1 @@
-"""Hosts: the registry, worker liveness, GPU leases, tenants and engine mirrors."""
+"""Hosts: the registry, worker liveness, GPU leases, tenants, engine mirrors, and the offline host bundle."""

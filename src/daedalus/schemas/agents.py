@@ -99,6 +99,9 @@ class SpecDraftRequest(Model):
     request: str = Field(min_length=1, max_length=4000)
     ticket_id: str | None = None
     host: str | None = None
+    lessons: list[str] = Field(
+        default_factory=list, max_length=200, description="lessons recorded for the host and engine concerned"
+    )
 
 
 class SpecDraft(Model):

@@ -61,6 +61,12 @@ class LlamaCppPreset(Model):
     cache_type_v: str = "f16"
     flash_attn: Literal["on", "off", "auto"] = "auto"
     n_gpu_layers: int = Field(default=0, ge=0)
+    backend: Literal["cpu", "cuda"] = Field(
+        default="cpu", description="which llama.cpp build serves it: the CPU build, or the CUDA build"
+    )
+    cuda_architectures: list[str] = Field(
+        default_factory=list, description="CMake CUDA architectures (90 for H100/H200); empty: ask nvidia-smi"
+    )
     draft: DraftSpec | None = None
     env: dict[str, str] = Field(default_factory=dict)
     extra_args: list[str] = Field(default_factory=list)
@@ -77,6 +83,12 @@ class LlamaCppPreset(Model):
         # llama.cpp refuses a quantized V cache without flash attention; say so before launching anything.
         if self.cache_type_v not in ("f16", "f32", "bf16") and self.flash_attn == "off":
             raise ValueError(f"cache_type_v {self.cache_type_v!r} needs flash_attn 'on' or 'auto', not 'off'")
+        if self.backend == "cpu" and self.cuda_architectures:
+            raise ValueError("cuda_architectures is set but backend is 'cpu'; set backend: cuda or drop it")
+        if self.backend == "cuda" and self.n_gpu_layers == 0:
+            raise ValueError(
+                "backend 'cuda' with n_gpu_layers 0 would run on the CPU; set n_gpu_layers (e.g. 999)"
+            )
         return self
 
 
@@ -228,6 +240,9 @@ class KvMeasurement(Model):
     context: int
     reported_kv_mib: float | None = None
     rss_mib: float
+    gpu_used_mib: float | None = Field(
+        default=None, description="NVML device memory in use while the server ran (CUDA presets only)"
+    )
     pool_tokens: int | None = None
 
 
@@ -238,6 +253,10 @@ class CapacityResult(Model):
     baseline_preset: str | None = None
     measurements: list[KvMeasurement]
     kib_per_token: float
+    kib_source: Literal["rss", "nvml"] = Field(
+        default="rss",
+        description="host RSS (CPU presets) or NVML device memory (CUDA presets), by difference",
+    )
     kib_per_token_reported: float | None = None
     baseline_kib_per_token: float | None = None
     compression: float | None = None

@@ -30,6 +30,7 @@ class Metric(StrEnum):
     TESTS_PASSED = "tests_passed"
     PREEMPTIONS = "preemptions"
     CONCURRENT_USERS = "concurrent_users"
+    FLOOR_FRACTION = "floor_fraction"
 
 
 METRIC_DIRECTIONS: dict[Metric, Direction] = {
@@ -46,6 +47,7 @@ METRIC_DIRECTIONS: dict[Metric, Direction] = {
     Metric.TESTS_PASSED: Direction.HIGHER_IS_BETTER,
     Metric.PREEMPTIONS: Direction.LOWER_IS_BETTER,
     Metric.CONCURRENT_USERS: Direction.HIGHER_IS_BETTER,
+    Metric.FLOOR_FRACTION: Direction.HIGHER_IS_BETTER,
 }
 
 

@@ -15,6 +15,10 @@ class AttemptInput(Model):
         default="",
         description="the ticket workflow's first run id: a re-filed ticket id starts its attempts afresh",
     )
+    lessons: list[str] = Field(
+        default_factory=list,
+        description="lessons recorded for the ticket's engine and host (the workflow reads them with `lessons_for`)",
+    )
 
 
 class BuildInput(Model):

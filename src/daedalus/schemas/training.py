@@ -212,6 +212,7 @@ class MemoryReading(Model):
     available_bytes: int
     psi_some_avg10: float | None = None
     gpu_used_bytes: int | None = None
+    gpu_util_pct: int | None = Field(default=None, description="NVML utilisation, mean over the host's GPUs")
 
     @property
     def available_gib(self) -> float:

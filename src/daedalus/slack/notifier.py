@@ -32,6 +32,11 @@ class SlackNotifier:
         )
         return PostedMessage(channel=str(response["channel"]), ts=str(response["ts"]))
 
+    def post_text(self, text: str) -> PostedMessage:
+        """Post plain mrkdwn text (the report digest)."""
+        response = self.client.chat_postMessage(channel=self.channel, text=text, unfurl_links=False)
+        return PostedMessage(channel=str(response["channel"]), ts=str(response["ts"]))
+
 
 def answer_interaction(response_url: str, text: str, *, replace_original: bool, timeout_s: int = 10) -> int:
     """Answer a click: replace the message (decided) or tell only the clicker (refused). Returns the HTTP status."""

@@ -3,9 +3,16 @@
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, or_, select
 
-from daedalus.store.tables import AuditEventRow, DecisionRow, TicketRow, VerdictRow
+from daedalus.store.tables import (
+    AuditEventRow,
+    CampaignCellRow,
+    DecisionRow,
+    LessonRow,
+    TicketRow,
+    VerdictRow,
+)
 
 
 def list_tickets(*, session: Session, status: str | None = None, limit: int = 200) -> Sequence[TicketRow]:
@@ -51,3 +58,31 @@ def decisions(
     if pending:
         query = query.where(col(DecisionRow.decided_at).is_(None))
     return session.exec(query).all()
+
+
+def lessons(
+    *,
+    session: Session,
+    engine: str | None = None,
+    host: str | None = None,
+    since: datetime | None = None,
+    limit: int = 500,
+) -> Sequence[LessonRow]:
+    """Lessons oldest first; `engine` and `host` together give the lessons of either subject."""
+    query = select(LessonRow).order_by(col(LessonRow.recorded_at), col(LessonRow.id))
+    subjects = []
+    if engine is not None:
+        subjects.append((LessonRow.subject_kind == "engine") & (LessonRow.subject == engine))
+    if host is not None:
+        subjects.append((LessonRow.subject_kind == "host") & (LessonRow.subject == host))
+    if subjects:
+        query = query.where(or_(*subjects))
+    if since is not None:
+        query = query.where(LessonRow.recorded_at >= since)
+    rows = session.exec(query).all()
+    return rows[-limit:]
+
+
+def campaign_cells(*, session: Session, campaign_id: str) -> Sequence[CampaignCellRow]:
+    query = select(CampaignCellRow).where(CampaignCellRow.campaign_id == campaign_id)
+    return session.exec(query.order_by(col(CampaignCellRow.id))).all()

@@ -104,3 +104,75 @@ class VerdictRow(SQLModel, table=True):
     host: str
     commit: str
     recorded_at: datetime
+
+
+class LessonRow(SQLModel, table=True):
+    """What the team learned, attached to an engine or a host; read into later specs and agent prompts.
+
+    (subject_kind, subject, text) is unique: the same lesson recorded twice is kept once.
+    """
+
+    __tablename__ = "lessons"
+    __table_args__ = (UniqueConstraint("subject_kind", "subject", "text", name="uq_lesson_subject_text"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    subject_kind: str = Field(index=True, description="engine | host")
+    subject: str = Field(index=True)
+    kind: str = Field(description="outcome | trap | decision_note")
+    text: str
+    source: str = Field(default="", description="where it came from: a ticket id, a decision request id")
+    recorded_by: str = ""
+    recorded_at: datetime = Field(index=True)
+
+
+class CampaignRow(SQLModel, table=True):
+    """A sweep of presets x workloads on one host, with its provenance and the preset it proposes."""
+
+    __tablename__ = "campaigns"
+
+    campaign_id: str = Field(primary_key=True)
+    title: str
+    host: str
+    engine: str
+    model: str
+    status: str = Field(index=True)
+    started_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None = None
+    proposal: str | None = Field(
+        default=None, description="the Pareto-best preset that passed the constraints"
+    )
+    proposal_reason: str = ""
+    spec: dict[str, object] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    provenance: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+
+
+class CampaignCellRow(SQLModel, table=True):
+    """One measured cell of a campaign matrix; a crashed cell is a finding, kept with its evidence."""
+
+    __tablename__ = "campaign_cells"
+    __table_args__ = (UniqueConstraint("campaign_id", "cell", name="uq_campaign_cell"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    campaign_id: str = Field(index=True)
+    cell: str = Field(description="the cell's key, e.g. kv=q8_0/context=1024/users=2")
+    preset: str
+    label: str
+    axes: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    outcome: str = Field(description="measured | crashed | invalid")
+    decode_tps: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    cv: float | None = None
+    samples: list[float] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    method: str = ""
+    kib_per_token: float | None = None
+    needle_found: int | None = None
+    needle_total: int | None = None
+    needle_lower: float | None = None
+    garbage: str = Field(default="", description="what the garbage detectors named; empty when clean")
+    ppl_delta_pct: float | None = None
+    feasible: bool = False
+    detail: str = ""
+    evidence: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    measured_at: datetime

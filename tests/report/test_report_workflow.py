@@ -6,7 +6,7 @@ from pathlib import Path
 from sqlalchemy import Engine
 from temporalio.client import Client
 
-from daedalus.report import build_report
+from daedalus.report import build_report, render_html, render_markdown
 from daedalus.schemas.audit import AuditEvent, AuditKind, AuditRecord
 from daedalus.store.database import session_scope
 from daedalus.store.records import apply
@@ -46,12 +46,14 @@ async def test_report_shows_cards_gates_training_and_pending_decisions(
         apply(session=session, record=death(2, "leak 19 GiB/h, died after 3.5 h"))
     with session_scope(sqlite_engine) as session:
         report = build_report(session=session, since=datetime.now(UTC) - timedelta(hours=1))
-        text = report.markdown()
+        text = render_markdown(report)
+        page = render_html(report)
         facts = report.facts()
-    assert f"| {passing.id} | MTP align tax | passed | 1 | decode: PASS 55.9 |" in text
-    assert f"| {waiting.id} | TQ workspace | awaiting_approval |" in text
-    assert "decode_tps >= 55" in text
-    assert "| drafter | restarting | 2 | leak 19 GiB/h, died after 3.5 h |" in text
-    assert f"**{waiting.id}-dispatch-1** (wayne)" in text
+    assert f"| Ticket {passing.id}: MTP align tax | passed; decode PASS 55.9 tok/s |" in text
+    assert f"| Ticket {waiting.id}: TQ workspace | awaiting approval |" in text
+    assert "| decode | PASS | - | 55.9 tok/s |" in text and "decode_tps >= 55" in text
+    assert "| drafter | restarting | 2 | - | leak 19 GiB/h, died after 3.5 h |" in text
+    assert f"**{waiting.id}-dispatch-1** (wayne," in text
+    assert page.count('data-kind="intervals"') == 1, "the passing ticket's gate is drawn"
     assert any(f.startswith(f"ticket {passing.id} 'MTP align tax': passed; decode PASS") for f in facts)
     assert "training drafter: restarting, 2 deaths" in facts

@@ -1,0 +1,57 @@
+"""/report: the latest progress report, rolled up from the store at request time (HTML or Markdown)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, HTTPException, Query, status
+from fastapi.responses import HTMLResponse, PlainTextResponse, Response
+
+from daedalus.api.context import Caller, Context
+from daedalus.report import build_report, render_html, render_markdown
+from daedalus.store.database import session_scope
+
+router = APIRouter(tags=["report"])
+MAX_WINDOW = timedelta(days=366)
+
+
+def parse_window(text: str) -> timedelta:
+    """`30m`, `24h`, `7d` -> a timedelta; anything else is refused with the accepted forms."""
+    units = {"m": 60, "h": 3600, "d": 86400}
+    number, unit = text[:-1], text[-1:]
+    if unit not in units or not number.isdigit() or int(number) < 1:
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            f"since={text!r} is not a window; use a number with m, h or d (30m, 24h, 7d)",
+        )
+    window = timedelta(seconds=int(number) * units[unit])
+    if window > MAX_WINDOW:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"since={text!r} is longer than 366 days")
+    return window
+
+
+@router.get(
+    "/report",
+    response_class=HTMLResponse,
+    responses={200: {"content": {"text/html": {}, "text/markdown": {}}}},
+)
+async def report(
+    _: Caller,
+    context: Context,
+    since: Annotated[str, Query(description="the window: 30m, 24h, 7d")] = "24h",
+    format: Annotated[Literal["html", "md"], Query(description="html (charts inline) or md")] = "html",
+) -> Response:
+    """The progress report as of now: cards, tickets and gates, campaigns, training runs, decisions, lessons."""
+    start = datetime.now(UTC) - parse_window(since)
+
+    def render() -> str:
+        with session_scope(context.engine) as session:
+            built = build_report(session=session, since=start)
+        return render_html(built) if format == "html" else render_markdown(built)
+
+    text = await asyncio.to_thread(render)
+    if format == "md":
+        return PlainTextResponse(text, media_type="text/markdown; charset=utf-8")
+    return HTMLResponse(text)

@@ -1,0 +1,158 @@
+"""Gather the report's facts from the store (never from Temporal history) into the report's model."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sqlmodel import Session, col, select
+
+from daedalus.engines.watchdog import read_curve
+from daedalus.report.model import (
+    CampaignView,
+    Card,
+    CurvePoint,
+    DeathView,
+    GateView,
+    Report,
+    TicketView,
+    TrainingView,
+    fmt,
+)
+from daedalus.schemas.audit import AuditKind
+from daedalus.schemas.ticket import TicketStatus
+from daedalus.schemas.training import GIB, TRAINING_PREFIX
+from daedalus.store import queries
+from daedalus.store.tables import AuditEventRow, CampaignRow, DecisionRow, TicketRow, VerdictRow
+
+MAX_CURVE_POINTS = 600
+TONES: dict[str, str] = {
+    TicketStatus.PASSED: "pass",
+    TicketStatus.CLOSED_UNDER_EXCEPTION: "pass",
+    TicketStatus.FAILED: "fail",
+    TicketStatus.STOPPED_BY_RULES: "fail",
+    TicketStatus.CANCELLED: "fail",
+}
+
+
+def build_report(*, session: Session, since: datetime, now: datetime | None = None) -> Report:
+    """Everything that changed since `since`, and everything still waiting."""
+    now = now or datetime.now(UTC)
+    tickets = list(
+        session.exec(
+            select(TicketRow).where(TicketRow.updated_at >= since).order_by(col(TicketRow.ticket_id))
+        )
+    )
+    views = {t.ticket_id: _ticket_view(session, t) for t in tickets}
+    roots: list[TicketView] = []
+    for ticket in tickets:
+        parent = views.get(ticket.parent) if ticket.parent else None
+        (parent.children if parent is not None else roots).append(views[ticket.ticket_id])
+    training = _training(session, since)
+    campaigns = [
+        CampaignView(row, list(queries.campaign_cells(session=session, campaign_id=row.campaign_id)))
+        for row in session.exec(
+            select(CampaignRow).where(CampaignRow.updated_at >= since).order_by(col(CampaignRow.started_at))
+        )
+    ]
+    pending = list(queries.decisions(session=session, pending=True))
+    decided = list(
+        session.exec(
+            select(DecisionRow)
+            .where(col(DecisionRow.decided_at) >= since, col(DecisionRow.option).is_not(None))
+            .order_by(col(DecisionRow.decided_at))
+        )
+    )
+    lessons = list(queries.lessons(session=session, since=since))
+    return Report(
+        since=since,
+        generated_at=now,
+        cards=_cards(roots, training, campaigns, pending),
+        tickets=roots,
+        training=training,
+        campaigns=campaigns,
+        pending=pending,
+        decided=decided,
+        lessons=lessons,
+    )
+
+
+def _ticket_view(session: Session, ticket: TicketRow) -> TicketView:
+    by_gate: dict[str, list[VerdictRow]] = defaultdict(list)
+    for verdict in queries.verdicts(session=session, ticket_id=ticket.ticket_id):
+        by_gate[verdict.gate].append(verdict)
+    gates = [GateView(latest=rows[-1], history=rows) for rows in by_gate.values()]
+    return TicketView(
+        row=ticket,
+        gates=gates,
+        decisions=list(queries.decisions(session=session, ticket_id=ticket.ticket_id)),
+    )
+
+
+def _training(session: Session, since: datetime) -> list[TrainingView]:
+    events = session.exec(
+        select(AuditEventRow)
+        .where(col(AuditEventRow.ticket_id).startswith(TRAINING_PREFIX), AuditEventRow.at >= since)
+        .order_by(col(AuditEventRow.at), col(AuditEventRow.seq))
+    ).all()
+    by_run: dict[str, list[AuditEventRow]] = defaultdict(list)
+    for event in events:
+        by_run[event.ticket_id.removeprefix(TRAINING_PREFIX)].append(event)
+    return [
+        TrainingView(run, rows, [_death(e) for e in rows if e.kind == AuditKind.DEATH.value])
+        for run, rows in sorted(by_run.items())
+    ]
+
+
+def _death(event: AuditEventRow) -> DeathView:
+    """The death with its memory curve, read from the artifact the watchdog kept (when this machine has it)."""
+    path_text = event.detail.get("curve")
+    if not path_text:
+        return DeathView(event, [], "no memory curve was recorded")
+    path = Path(path_text)
+    if not path.is_file():
+        return DeathView(event, [], f"memory curve at {path} (on host; not readable here)")
+    samples = list(read_curve(path))
+    if not samples:
+        return DeathView(event, [], f"memory curve at {path} is empty")
+    step = max(1, len(samples) // MAX_CURVE_POINTS)
+    t0 = samples[0].t
+    curve = [CurvePoint((s.t - t0) / 60, s.available / GIB) for s in samples[::step]]
+    return DeathView(event, curve, f"{len(samples)} samples from {path}")
+
+
+def _cards(
+    tickets: list[TicketView],
+    training: list[TrainingView],
+    campaigns: list[CampaignView],
+    pending: list[DecisionRow],
+) -> list[Card]:
+    cards = []
+    for view in tickets:
+        tone = TONES.get(view.row.status, "wait" if view.row.awaiting else "info")
+        cards.append(Card(f"Ticket {view.row.ticket_id}: {view.row.title}", view.headline, tone))
+    for run in training:
+        slope = f", slope {fmt(run.slope, 3)} GiB/h" if run.slope is not None else ""
+        deaths = len(run.deaths)
+        cards.append(
+            Card(
+                f"Training {run.run}",
+                f"{run.state.replace('_', ' ')}, {deaths} death{'s' * (deaths != 1)}{slope}",
+                "fail" if run.state in ("gave_up", "awaiting_decision") else "info",
+            )
+        )
+    for campaign in campaigns:
+        row = campaign.row
+        cards.append(
+            Card(
+                f"Campaign {row.campaign_id}: {row.title}",
+                f"{row.status}; {len(campaign.cells)} cells, {len(campaign.crashed)} crashed; "
+                f"proposes {row.proposal or 'nothing'}",
+                "wait" if row.status == "awaiting_decision" else "info",
+            )
+        )
+    if pending:
+        people = sorted({p for r in pending for p in r.deciders})
+        cards.append(Card("Decisions waiting", f"{len(pending)} for {', '.join(people)}", "wait"))
+    return cards

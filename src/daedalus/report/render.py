@@ -1,0 +1,99 @@
+"""Render the report as Markdown (terminal, Slack, files) and as one self-contained HTML page.
+
+The HTML page has no external reference at all: the CSS is inline and the charts are inline SVG, so it opens
+offline, from a file or an email attachment, and prints legibly.
+"""
+
+from __future__ import annotations
+
+import html
+
+from markdown_it import MarkdownIt
+
+from daedalus.report.model import Report
+from daedalus.report.sections import Section, sections
+
+CSS = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1f2328; max-width: 1100px;
+       margin: 2em auto; padding: 0 1em; }
+h1 { font-size: 1.6em; margin-bottom: .2em; } h2 { border-bottom: 1px solid #d0d7de; padding-bottom: .2em; }
+.meta { color: #57606a; }
+.cards { display: flex; flex-wrap: wrap; gap: .6em; margin: 1em 0; }
+.card { border: 1px solid #d0d7de; border-left-width: 6px; border-radius: 6px; padding: .5em .8em;
+        min-width: 14em; max-width: 22em; }
+.card .subject { font-weight: 600; } .card.pass { border-left-color: #1a7f37; }
+.card.fail { border-left-color: #cf222e; } .card.wait { border-left-color: #9a6700; }
+.card.info { border-left-color: #0969da; }
+table { border-collapse: collapse; margin: .6em 0; font-size: .92em; }
+th, td { border: 1px solid #d0d7de; padding: .25em .5em; text-align: left; vertical-align: top; }
+th { background: #f6f8fa; }
+blockquote { border-left: 4px solid #d0d7de; margin: 0; padding: 0 1em; color: #57606a; }
+figure { margin: 1em 0; } figure svg { max-width: 100%; height: auto; }
+figcaption { color: #57606a; font-size: .9em; }
+@media print {
+  body { max-width: none; margin: 0; font-size: 10pt; }
+  section, figure, table { break-inside: avoid; }
+  .card { break-inside: avoid; }
+}
+"""
+
+
+def render_markdown(report: Report) -> str:
+    out = [f"# Progress report — since {report.since:%Y-%m-%d %H:%M} UTC", ""]
+    out += _narrative(report)
+    for section in sections(report, with_charts=False):
+        out += [f"## {section.title}", "", section.markdown, ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def render_html(report: Report) -> str:
+    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    title = f"Progress report — since {report.since:%Y-%m-%d %H:%M} UTC"
+    body = [
+        f"<h1>{html.escape(title)}</h1>",
+        f'<p class="meta">generated {report.generated_at:%Y-%m-%d %H:%M} UTC from the Daedalus store</p>',
+    ]
+    narrative = _narrative(report)
+    if narrative:
+        body.append(md.render("\n".join(narrative)))
+    body.append(_cards_html(report))
+    for section in sections(report):
+        body.append(_section_html(md, section))
+    return (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{html.escape(title)}</title><style>{CSS}</style></head>"
+        f"<body>{''.join(body)}</body></html>\n"
+    )
+
+
+def _narrative(report: Report) -> list[str]:
+    """The lead's narrative: optional, quoted, and labelled; the sections below are the facts."""
+    if not report.narrative:
+        return []
+    out = [*(f"> {line}" for line in report.narrative), ""]
+    if report.narrative_note:
+        out += [f"_{report.narrative_note}_", ""]
+    return out
+
+
+def _cards_html(report: Report) -> str:
+    cards = "".join(
+        f'<div class="card {c.tone}"><div class="subject">{html.escape(c.subject)}</div>'
+        f'<div class="state">{html.escape(c.state)}</div></div>'
+        for c in report.cards
+    )
+    return f'<div class="cards" id="cards">{cards}</div>'
+
+
+def _section_html(md: MarkdownIt, section: Section) -> str:
+    body = "".join(
+        md.render(part.markdown)
+        + "".join(
+            f'<figure class="chart" data-kind="{c.kind}" role="img" aria-label="{html.escape(c.caption)}">'
+            f"{c.svg}<figcaption>{html.escape(c.caption)}</figcaption></figure>"
+            for c in part.charts
+        )
+        for part in section.parts
+    )
+    return f'<section id="{section.anchor}"><h2>{html.escape(section.title)}</h2>{body}</section>'

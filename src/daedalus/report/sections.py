@@ -1,0 +1,228 @@
+"""The report's sections, in the seed's order, each as Markdown with the charts that go under it.
+
+Markdown is the one text form: `daedalus report` prints it, and the HTML page renders the same text (with
+markdown-it) and adds the charts, so the two can never say different things.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from daedalus.report import charts
+from daedalus.report.charts import Chart
+from daedalus.report.model import CampaignView, Report, TicketView, fmt, workload_label
+
+MAX_ROUNDS_SHOWN = 12
+
+
+@dataclass
+class Part:
+    """Markdown and the charts drawn right under it."""
+
+    markdown: str
+    charts: list[Chart] = field(default_factory=list)
+
+
+@dataclass
+class Section:
+    anchor: str
+    title: str
+    parts: list[Part]
+
+    @property
+    def markdown(self) -> str:
+        return "\n\n".join(p.markdown for p in self.parts if p.markdown)
+
+    @property
+    def charts(self) -> list[Chart]:
+        return [c for p in self.parts for c in p.charts]
+
+
+def cell(text: object) -> str:
+    """A table cell: pipes and line breaks would end the cell or the row."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def sections(report: Report, *, with_charts: bool = True) -> list[Section]:
+    out = [_cards(report), _tickets(report, with_charts)]
+    if report.campaigns:
+        out.append(_campaigns(report, with_charts))
+    if report.training:
+        out.append(_training(report, with_charts))
+    out += [_decisions(report), _lessons(report)]
+    return out
+
+
+def _cards(report: Report) -> Section:
+    lines = ["| card | state |", "|---|---|"]
+    lines += [f"| {cell(c.subject)} | {cell(c.state)} |" for c in report.cards] or ["| - | nothing changed |"]
+    return Section("status", "Status", [Part("\n".join(lines))])
+
+
+def _tickets(report: Report, with_charts: bool) -> Section:
+    parts: list[Part] = []
+    if not report.tickets:
+        parts.append(Part("No ticket changed in this window."))
+
+    def one(view: TicketView, depth: int) -> None:
+        lines: list[str] = []
+        drawn: list[Chart] = []
+        t = view.row
+        heading = "#" * min(3 + depth, 6)
+        parent = f" (child of {t.parent})" if t.parent else ""
+        lines.extend(["", f"{heading} Ticket {cell(t.ticket_id)}: {cell(t.title)}{parent}", ""])
+        lines.append(
+            f"Status **{t.status}** after {t.attempts} attempt{'s' * (t.attempts != 1)}; host {cell(t.host)}, "
+            f"engine {cell(t.engine or '-')}, agent {cell(t.agent or '-')}."
+            + (f" Outcome: {cell(t.outcome_reason)}." if t.outcome_reason else "")
+            + (f" Waiting for {cell(t.awaiting)}." if t.awaiting else "")
+        )
+        if view.gates:
+            lines.extend(
+                [
+                    "",
+                    "| gate | verdict | before | after | interval | rule | rounds | provenance |",
+                    "|---|---|---|---|---|---|---|---|",
+                ]
+            )
+            for g in view.gates:
+                v = g.latest
+                interval = (
+                    f"[{fmt(v.ci_low)}, {fmt(v.ci_high)}] ({v.confidence:.0%})"
+                    if v.ci_low is not None and v.ci_high is not None
+                    else "-"
+                )
+                rounds = ", ".join(f"{x:.4g}" for x in v.samples[:MAX_ROUNDS_SHOWN])
+                if len(v.samples) > MAX_ROUNDS_SHOWN:
+                    rounds += f" (+{len(v.samples) - MAX_ROUNDS_SHOWN} more)"
+                if v.baseline_samples:
+                    rounds += " vs baseline " + ", ".join(
+                        f"{x:.4g}" for x in v.baseline_samples[:MAX_ROUNDS_SHOWN]
+                    )
+                unit = f" {g.unit}" if g.unit else ""
+                lines.append(
+                    f"| {cell(v.gate)} | {v.verdict} | {fmt(g.before)}{unit if g.before is not None else ''} "
+                    f"| {fmt(g.after)}{unit if g.after is not None else ''} | {interval} | {cell(v.rule)} "
+                    f"| {cell(rounds or '-')} | {cell(g.provenance)} |"
+                )
+            reasons = [
+                f"- {cell(g.latest.reason)}"
+                if g.latest.reason.startswith(g.latest.gate)
+                else f"- {cell(g.latest.gate)}: {cell(g.latest.reason)}"
+                for g in view.gates
+                if g.latest.reason
+            ]
+            if reasons:
+                lines.extend(["", *reasons])
+            if with_charts:
+                chart = charts.gate_intervals(t.ticket_id, view.gates)
+                if chart is not None:
+                    drawn.append(chart)
+        parts.append(Part("\n".join(lines).strip(), drawn))
+        for child in view.children:
+            one(child, depth + 1)
+
+    for view in report.tickets:
+        one(view, 0)
+    return Section("tickets", "Tickets", parts)
+
+
+def _campaigns(report: Report, with_charts: bool) -> Section:
+    parts = []
+    for campaign in report.campaigns:
+        chart = charts.campaign_heatmap(campaign) if with_charts else None
+        parts.append(Part("\n".join(_campaign_table(campaign)), [chart] if chart is not None else []))
+    return Section("campaigns", "Campaigns", parts)
+
+
+def _campaign_table(campaign: CampaignView) -> list[str]:
+    row = campaign.row
+    prov = ", ".join(f"{k} {v}" for k, v in sorted(row.provenance.items()))
+    lines = [
+        f"### {cell(row.title)} ({cell(row.campaign_id)})",
+        "",
+        f"Host {cell(row.host)}, engine {cell(row.engine)}, model {cell(row.model)}; status **{row.status}**; "
+        f"{len(campaign.cells)} cells, {len(campaign.crashed)} crashed. Provenance: {cell(prov or '-')}.",
+        "",
+        "| preset | workload | decode tok/s (median) | interval | KiB/token | needle | quality | dPPL % | eligible |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in campaign.cells:
+        if c.outcome == "crashed":
+            figure, interval = f"crashed: {c.detail}", "-"
+        elif c.outcome == "invalid":
+            figure, interval = f"invalid: {c.detail}", "-"
+        else:
+            figure = fmt(c.decode_tps)
+            interval = f"[{fmt(c.ci_low)}, {fmt(c.ci_high)}]" if c.ci_low is not None else "-"
+        needle = f"{c.needle_found}/{c.needle_total}" if c.needle_total else "-"
+        if c.needle_lower is not None:
+            needle += f" (>= {c.needle_lower:.2f})"
+        lines.append(
+            f"| {cell(c.label)} | {cell(workload_label(c))} | {cell(figure)} | {interval} | {fmt(c.kib_per_token)} "
+            f"| {needle} | {cell(c.garbage or ('clean' if c.outcome == 'measured' else '-'))} "
+            f"| {fmt(c.ppl_delta_pct)} | {'yes' if c.feasible else 'no'} |"
+        )
+    lines += [
+        "",
+        f"Proposed: **{cell(row.proposal)}** — {cell(row.proposal_reason)}"
+        if row.proposal
+        else f"Proposed: nothing — {cell(row.proposal_reason or 'not closed yet')}",
+    ]
+    return lines
+
+
+def _training(report: Report, with_charts: bool) -> Section:
+    lines = ["| run | state | deaths | fitted slope (GiB/h) | last death |", "|---|---|---|---|---|"]
+    drawn: list[Chart] = []
+    for run in report.training:
+        last = run.deaths[-1].event.summary if run.deaths else "-"
+        lines.append(
+            f"| {cell(run.run)} | {run.state} | {len(run.deaths)} | {fmt(run.slope, 3)} | {cell(last)} |"
+        )
+    for run in report.training:
+        if not run.deaths:
+            continue
+        lines += ["", f"**{cell(run.run)}** deaths:", ""]
+        for death in run.deaths:
+            d = death.event.detail
+            lines.append(
+                f"- {cell(death.death_id)} — {cell(death.death_class)}, lived {cell(d.get('lifetime_s', '-'))} s, "
+                f"min available {cell(d.get('min_available_gib', '-'))} GiB, slope {fmt(death.slope, 3)} GiB/h, "
+                f"last checkpoint {cell(d.get('last_checkpoint', '-'))}; {cell(death.curve_note)}"
+            )
+        if with_charts:
+            chart = charts.memory_curves(run)
+            if chart is not None:
+                drawn.append(chart)
+    return Section("training", "Training runs", [Part("\n".join(lines), drawn)])
+
+
+def _decisions(report: Report) -> Section:
+    lines = ["### Waiting", ""]
+    lines += [
+        f"- **{cell(r.request_id)}** ({cell(', '.join(r.deciders))}, since {r.requested_at:%Y-%m-%d %H:%M}): "
+        f"{cell(r.question)} — options {cell(', '.join(r.options))}"
+        for r in report.pending
+    ] or ["- nothing"]
+    lines += ["", "### Decided in this window", ""]
+    lines += [
+        f"- **{cell(r.request_id)}**: {cell(r.question)} → **{cell(r.option)}** by {cell(r.decided_by)} "
+        f"via {cell(r.channel or '-')}" + (f" — “{cell(r.note)}”" if r.note else "")
+        for r in report.decided
+    ] or ["- nothing"]
+    return Section("decisions", "Decisions", [Part("\n".join(lines))])
+
+
+def _lessons(report: Report) -> Section:
+    if not report.lessons:
+        return Section(
+            "lessons", "Lessons and traps", [Part("No lesson or trap was recorded in this window.")]
+        )
+    lines = ["| kind | subject | lesson | source | recorded |", "|---|---|---|---|---|"]
+    for lesson in report.lessons:
+        lines.append(
+            f"| {lesson.kind} | {lesson.subject_kind} {cell(lesson.subject)} | {cell(lesson.text)} "
+            f"| {cell(lesson.source or '-')} | {lesson.recorded_at:%Y-%m-%d} |"
+        )
+    return Section("lessons", "Lessons and traps", [Part("\n".join(lines))])

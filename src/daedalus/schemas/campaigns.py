@@ -1,0 +1,233 @@
+"""Campaigns: a matrix of presets x workloads swept on one host, each cell measured like a gate.
+
+A campaign spec names a base preset and the axes to vary (KV cache type, context, users, speculative k);
+every combination is one cell. Each cell is measured with the gates' harness (`engines.measure`) and the
+gates' statistics; a cell whose server crashes is a finding (the "wall"), recorded with its evidence. The
+campaign closes by proposing the Pareto-best preset that meets the quality constraints, as a decision.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from itertools import product
+
+from pydantic import Field, field_validator, model_validator
+
+from daedalus.schemas._base import Model
+from daedalus.schemas.engines import LLAMA_CACHE_TYPES, VLLM_KV_DTYPES
+from daedalus.schemas.ticket import PERSON_PATTERN, TICKET_ID_PATTERN
+
+CAMPAIGN_PREFIX = "campaign-"
+
+
+def campaign_workflow_id(campaign_id: str) -> str:
+    return f"{CAMPAIGN_PREFIX}{campaign_id}"
+
+
+class CampaignAxes(Model):
+    """The values to sweep; each list holds at least one value, and the cells are their product."""
+
+    kv: list[str] = Field(min_length=1, description="KV cache type (K and V alike), or a vLLM kv_cache_dtype")
+    context: list[int] = Field(min_length=1, description="per-user context length, tokens")
+    users: list[int] = Field(default_factory=lambda: [1], min_length=1)
+    speculative_k: list[int] = Field(
+        default_factory=lambda: [0], min_length=1, description="0 = no speculative decoding"
+    )
+
+    @field_validator("kv")
+    @classmethod
+    def _known_kv(cls, values: list[str]) -> list[str]:
+        known = set(LLAMA_CACHE_TYPES) | set(VLLM_KV_DTYPES)
+        unknown = [v for v in values if v not in known]
+        if unknown:
+            raise ValueError(f"unknown KV types {unknown}; known: {', '.join(sorted(known))}")
+        return values
+
+    @field_validator("context", "users")
+    @classmethod
+    def _positive(cls, values: list[int]) -> list[int]:
+        if any(v < 1 for v in values):
+            raise ValueError(f"every value must be >= 1; got {values}")
+        return values
+
+    @field_validator("speculative_k")
+    @classmethod
+    def _k(cls, values: list[int]) -> list[int]:
+        if any(v < 0 or v > 16 for v in values):
+            raise ValueError(f"speculative k must be 0..16; got {values}")
+        return values
+
+
+class QualityConstraints(Model):
+    """What a cell must show to be eligible for the proposal (the seed: needle 3/3, clean text, small dPPL)."""
+
+    min_needle_fraction: float = Field(default=1.0, ge=0.0, le=1.0)
+    max_ppl_delta_pct: float | None = Field(default=None, description="None: perplexity is not probed")
+    forbid_garbage: bool = True
+    not_below_baseline: bool = Field(
+        default=True,
+        description="also no fewer needles and no garbage label beyond the baseline KV's in the same cell",
+    )
+
+
+class CampaignSpec(Model):
+    """A campaign as filed (YAML or JSON)."""
+
+    id: str = Field(pattern=TICKET_ID_PATTERN)
+    title: str = Field(min_length=1, max_length=200)
+    host: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+    base_preset: str = Field(min_length=1, description="preset name (examples/presets) or YAML path")
+    model: str = Field(min_length=1, description="tiny model name (tiny, small, medium) or a model path")
+    axes: CampaignAxes
+    baseline_kv: str = Field(default="f16", description="the KV type quality is compared against")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="display labels per KV type, e.g. {'f16': 'fp16 (baseline)'}"
+    )
+    rounds: int = Field(default=5, ge=1, le=50)
+    max_tokens: int = Field(default=32, ge=2, le=100_000)
+    prompt_words: int = Field(default=32, ge=1, le=100_000)
+    probe_needle: bool = True
+    probe_ppl: bool = False
+    constraints: QualityConstraints = Field(default_factory=QualityConstraints)
+    speed_tolerance: float = Field(
+        default=0.05, ge=0.0, lt=1.0, description="presets this close to the fastest count as equally fast"
+    )
+    deciders: list[str] = Field(default_factory=lambda: ["wayne"], min_length=1)
+    cell_timeout_s: int = Field(default=600, gt=0)
+
+    @field_validator("deciders")
+    @classmethod
+    def _people(cls, values: list[str]) -> list[str]:
+        import re
+
+        bad = [v for v in values if not re.match(PERSON_PATTERN, v)]
+        if bad:
+            raise ValueError(f"deciders must be lower-case person names; got {bad}")
+        return values
+
+    @model_validator(mode="after")
+    def _baseline_in_matrix(self) -> CampaignSpec:
+        if self.baseline_kv not in self.axes.kv:
+            raise ValueError(
+                f"baseline_kv {self.baseline_kv!r} is not among axes.kv {self.axes.kv}; add it, so quality "
+                "is compared with a measured baseline"
+            )
+        if self.constraints.max_ppl_delta_pct is not None and not self.probe_ppl:
+            raise ValueError("constraints.max_ppl_delta_pct needs probe_ppl: true")
+        return self
+
+    def cells(self) -> list[CampaignCell]:
+        """Every combination of the axes, in a stable order (KV outermost, as the seed's tables read)."""
+        a = self.axes
+        return [
+            CampaignCell(kv=kv, context=ctx, users=users, speculative_k=k)
+            for kv, ctx, users, k in product(a.kv, a.context, a.users, a.speculative_k)
+        ]
+
+    def label(self, kv: str) -> str:
+        return self.labels.get(kv, kv)
+
+
+class CampaignCell(Model):
+    kv: str
+    context: int
+    users: int
+    speculative_k: int = 0
+
+    @property
+    def key(self) -> str:
+        spec = f"/k={self.speculative_k}" if self.speculative_k else ""
+        return f"kv={self.kv}/context={self.context}/users={self.users}{spec}"
+
+    @property
+    def preset_name(self) -> str:
+        spec = f"-k{self.speculative_k}" if self.speculative_k else ""
+        return f"{self.kv}-c{self.context}{spec}"
+
+    def axes(self) -> dict[str, str]:
+        out = {"kv": self.kv, "context": str(self.context), "users": str(self.users)}
+        if self.speculative_k:
+            out["speculative_k"] = str(self.speculative_k)
+        return out
+
+
+class CellOutcome(StrEnum):
+    MEASURED = "measured"
+    CRASHED = "crashed"
+    """The server died or would not start at this point: a finding (the wall), not a harness error."""
+    INVALID = "invalid"
+    """The measurement broke (failed requests, wrong token counts): its numbers are not read."""
+
+
+class CellInput(Model):
+    """One cell to measure on the campaign's host."""
+
+    campaign_id: str
+    spec: CampaignSpec
+    cell: CampaignCell
+    filing: str = Field(default="", description="the workflow's first run id: the artifact directory's key")
+
+
+class CellResult(Model):
+    """One measured cell: throughput with its interval, KV footprint, quality probes, or the crash."""
+
+    cell: CampaignCell
+    preset: str
+    label: str
+    outcome: CellOutcome
+    decode_tps: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    cv: float | None = None
+    samples: list[float] = Field(default_factory=list)
+    method: str = ""
+    kib_per_token: float | None = None
+    needle_found: int | None = None
+    needle_total: int | None = None
+    needle_lower: float | None = None
+    garbage: str = ""
+    ppl_delta_pct: float | None = None
+    detail: str = ""
+    evidence: dict[str, str] = Field(default_factory=dict)
+    measured_at: datetime
+
+
+class Proposal(Model):
+    """The Pareto front of the eligible cells, and the one preset proposed to the decider."""
+
+    front: list[str] = Field(default_factory=list, description="cell keys on the Pareto front")
+    preset: str | None = None
+    cell: str | None = None
+    reason: str
+
+
+class CampaignRecord(Model):
+    """What the store keeps of a campaign at one moment: its cells so far, and the proposal when closing."""
+
+    campaign_id: str
+    spec: CampaignSpec
+    status: str
+    at: datetime
+    cells: list[CellResult] = Field(default_factory=list)
+    proposal: Proposal | None = None
+    eligible: list[str] = Field(
+        default_factory=list, description="cell keys that met the constraints (at close)"
+    )
+    provenance: dict[str, str] = Field(default_factory=dict)
+
+
+class CampaignInput(Model):
+    spec: CampaignSpec
+    control_queue: str = ""
+    filed_by: str = Field(default="lead", pattern=PERSON_PATTERN)
+
+
+class CampaignStatus(Model):
+    campaign_id: str
+    status: str
+    cells_total: int
+    cells_done: int
+    cells_crashed: int
+    proposal: Proposal | None = None
+    decision: str | None = None

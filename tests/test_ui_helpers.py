@@ -1,0 +1,48 @@
+"""The Temporal UI helpers: awaiting as a list of people, the closed outcome in words, short summaries."""
+
+from __future__ import annotations
+
+from daedalus.schemas.ticket import TicketStatus
+from daedalus.schemas.ui import (
+    SUMMARY_LIMIT,
+    awaiting_people,
+    current_details,
+    gate_activity_summary,
+    outcome_label,
+    ticket_summary,
+)
+
+
+def test_awaiting_becomes_one_entry_per_person() -> None:
+    assert awaiting_people("wayne,lead") == ["wayne", "lead"]
+    assert awaiting_people(" Wayne , lead,wayne,") == ["wayne", "lead"]
+    assert awaiting_people(None) == [] and awaiting_people("") == []
+    assert awaiting_people(["lead", "Lead"]) == ["lead"]
+
+
+def test_every_closed_status_has_an_outcome_and_no_open_one_does() -> None:
+    for status in TicketStatus:
+        assert (outcome_label(status) is not None) == status.is_closed, status
+    assert outcome_label("closed_under_exception") == "closed under exception"
+    assert outcome_label("no-such-status") is None
+
+
+def test_summaries_name_the_outcome_or_who_it_waits_for() -> None:
+    assert ticket_summary("4", "MTP align tax fix", "passed", None) == "✅ 4 MTP align tax fix — passed"
+    assert (
+        ticket_summary("6", "TP4/MTP", TicketStatus.STOPPED_BY_RULES, None)
+        == "⛔ 6 TP4/MTP — stopped by the rules"
+    )
+    assert ticket_summary("5", "TQ workspace", "awaiting_approval", "wayne,lead") == (
+        "5 TQ workspace — awaiting approval: wayne, lead"
+    )
+    assert len(ticket_summary("7", "x" * 500, "dispatched", None)) == SUMMARY_LIMIT
+    assert (
+        current_details("gating", gate="decode", attempt=2)
+        == "**gating**\n\nattempt 2\n\nmeasuring gate `decode`"
+    )
+    assert current_details("failed", reason="the same failure twice").startswith("**❌ failed**")
+    assert (
+        gate_activity_summary("decode", "decode_tps >= 55", attempt=2)
+        == "gate decode: decode_tps >= 55 (attempt 2, round 1)"
+    )
