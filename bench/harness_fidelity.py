@@ -27,6 +27,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from daedalus.config import Settings
+from daedalus.engines import paths
 from daedalus.engines.bench import Side, benchmark
 from daedalus.engines.measure import ensure_build
 from daedalus.engines.presets import load_preset
@@ -133,4 +135,7 @@ async def main() -> dict[str, float]:
 
 
 if __name__ == "__main__":
+    paths.configure(
+        Settings.load().engines
+    )  # the engine cache, from DAEDALUS_ENGINES_CACHE_DIR / DAEDALUS_CACHE_DIR
     asyncio.run(main())

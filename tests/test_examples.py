@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from daedalus.client import TicketError, load_spec
+from daedalus.client import load_spec
 from daedalus.engines.presets import load_preset
+from daedalus.errors import TicketError
 from daedalus.schemas.engines import VllmPreset
 from daedalus.schemas.training import TrainingRunSpec
 

@@ -23,6 +23,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from daedalus.errors import TicketError
 from daedalus.hosts.registry import Registry
 from daedalus.schemas import search_attributes
 from daedalus.schemas.campaigns import CAMPAIGN_PREFIX, CampaignStatus
@@ -41,10 +42,6 @@ from daedalus.schemas.training import TRAINING_PREFIX, TrainingRunStatus
 from daedalus.workflows.campaign import CampaignWorkflow
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
-
-
-class TicketError(Exception):
-    """A request Daedalus refused; the message is for the person who made it."""
 
 
 async def connect(address: str, namespace: str = "default") -> Client:

@@ -13,8 +13,8 @@ import pytest
 from daedalus.engines.bench import Side, benchmark
 from daedalus.engines.llama_build import LlamaBuild
 from daedalus.engines.presets import load_preset, parse_preset
-from daedalus.engines.process import EngineError
 from daedalus.engines.runner import launched
+from daedalus.errors import EngineError
 from daedalus.ports import free_port
 from daedalus.processes import group_members
 from daedalus.schemas.engines import LlamaCppPreset, Workload

@@ -22,6 +22,7 @@ from daedalus.engines.watchdog import (
     run_dir_for,
     supervise_segment,
 )
+from daedalus.errors import TrainingInputError
 from daedalus.schemas.training import (
     CheckpointPolicy,
     DeathClass,
@@ -189,7 +190,7 @@ async def test_a_run_started_again_launches_afresh_instead_of_reporting_the_old_
 
 async def test_missing_command_is_a_clear_error_and_leaves_nothing(tmp_path: Path) -> None:
     spec = make_spec(tmp_path).model_copy(update={"command": ["no-such-trainer-xyz", "--go"]})
-    with pytest.raises(tp.TrainingInputError, match=r"no-such-trainer-xyz.*not on PATH"):
+    with pytest.raises(TrainingInputError, match=r"no-such-trainer-xyz.*not on PATH"):
         await segment(spec)
     run_dir = run_dir_for(tmp_path / "state", spec, 1)
     assert not (run_dir / tp.INTENT_FILE).exists()
@@ -201,7 +202,7 @@ async def test_unwritable_checkpoint_dir_is_a_clear_error(tmp_path: Path) -> Non
     blocker.write_text("")
     spec = make_spec(tmp_path)
     spec = spec.model_copy(update={"checkpoints": CheckpointPolicy(directory=blocker / "ckpt", keep=2)})
-    with pytest.raises(tp.TrainingInputError, match=r"checkpoint directory .* is not writable"):
+    with pytest.raises(TrainingInputError, match=r"checkpoint directory .* is not writable"):
         await segment(spec)
     assert not trainers_of(spec)
 
@@ -222,7 +223,7 @@ async def test_threshold_above_total_memory_is_refused(tmp_path: Path) -> None:
     huge = spec.watchdog.model_copy(
         update={"memory_source": MemorySource.HOST, "budget_mib": None, "min_available_gib": 10_000.0}
     )
-    with pytest.raises(tp.TrainingInputError, match="above this host's total memory"):
+    with pytest.raises(TrainingInputError, match="above this host's total memory"):
         await segment(spec.model_copy(update={"watchdog": huge}))
 
 

@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 from temporalio.client import Client
 
 from daedalus import client as daedalus
-from daedalus.client import TicketError
+from daedalus.errors import TicketError
 from daedalus.schemas.gates import Verdict
 from daedalus.schemas.ticket import CancelRequest, Decision, TicketSpec, TicketState, TicketStatus
 from daedalus.store import queries

@@ -5,6 +5,7 @@ import asyncio
 from sqlalchemy import Engine
 from temporalio import activity
 
+from daedalus.errors import maps_errors
 from daedalus.schemas.audit import AuditRecord
 from daedalus.store.database import session_scope
 from daedalus.store.records import apply
@@ -15,6 +16,7 @@ class AuditActivities:
         self.engine = engine
 
     @activity.defn(name="record_audit_event")
+    @maps_errors
     async def record_audit_event(self, record: AuditRecord) -> bool:
         """Write one transition; a retry of an already written event writes nothing and returns False."""
         return await asyncio.to_thread(self._write, record)

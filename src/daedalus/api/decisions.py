@@ -12,7 +12,7 @@ from daedalus import client as tickets
 from daedalus.api.context import Caller, Context, TemporalClient, require_same_person
 from daedalus.api.errors import refusal, within
 from daedalus.api.models import DecisionPublic
-from daedalus.client import TicketError
+from daedalus.errors import TicketError
 from daedalus.schemas.campaigns import CampaignStatus
 from daedalus.schemas.ticket import Decision, TicketState
 from daedalus.schemas.training import TrainingRunStatus, training_workflow_id

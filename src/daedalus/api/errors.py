@@ -14,7 +14,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from daedalus.client import TicketError
+from daedalus.errors import TicketError
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)

@@ -13,7 +13,7 @@ from daedalus import client as tickets
 from daedalus.api.context import Caller, Context, TemporalClient, require_same_person
 from daedalus.api.errors import refusal, status_for, within
 from daedalus.api.models import Delegated, TicketDetail, TicketFiled, TicketSummary, VerdictPublic
-from daedalus.client import TicketError
+from daedalus.errors import TicketError
 from daedalus.schemas.ticket import (
     TICKET_ID_PATTERN,
     CancelRequest,

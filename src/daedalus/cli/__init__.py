@@ -21,6 +21,7 @@ from daedalus.cli import (
     training,
     verdicts,
 )
+from daedalus.cli._common import settings
 from daedalus.logs import configure_logging
 
 app = typer.Typer(
@@ -29,6 +30,14 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+
+
+@app.callback()
+def _settings() -> None:
+    """Durable, auditable tickets for an ML-inference team, on Temporal."""
+    settings()  # once, before any command: a bad DAEDALUS_* value stops here with its name
+
+
 app.command()(stack.up)
 app.command()(stack.worker)
 app.command()(tickets.decide)

@@ -17,9 +17,9 @@ from daedalus.engines.llama_build import BACKENDS, Backend, BuildConfig, build_l
 from daedalus.engines.measure import build_config_for, ensure_build
 from daedalus.engines.paths import default_llama_source
 from daedalus.engines.presets import load_preset
-from daedalus.engines.process import EngineError
 from daedalus.engines.runner import launched
 from daedalus.engines.tiny_model import MODELS, ensure_model
+from daedalus.errors import EngineError
 from daedalus.escaping import for_terminal
 from daedalus.schemas.engines import Workload
 

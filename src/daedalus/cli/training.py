@@ -18,8 +18,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from daedalus.cli._common import client, console, fail, run
-from daedalus.config import Settings
+from daedalus.cli._common import client, console, fail, run, settings
 from daedalus.escaping import for_terminal as shown
 from daedalus.schemas.ticket import Decision
 from daedalus.schemas.training import (
@@ -97,7 +96,7 @@ def start(file: Annotated[Path, typer.Option("-f", "--file", help="run.yaml")]) 
             TrainingRunWorkflow.run,
             TrainingRunInput(spec=spec),
             id=spec.workflow_id,
-            task_queue=Settings().control_queue,
+            task_queue=settings().temporal.control_queue,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
             id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
         )

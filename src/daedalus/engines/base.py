@@ -16,15 +16,12 @@ import structlog
 
 from daedalus.engines.metrics import flatten
 from daedalus.engines.openai_api import OpenAIEndpoint
-from daedalus.engines.process import EngineError, GroupProcess, tail
+from daedalus.engines.process import GroupProcess, tail
+from daedalus.errors import EngineError, ServerDied
 from daedalus.ports import port_in_use
 from daedalus.schemas.engines import LlamaCppPreset, VllmPreset
 
 log = structlog.get_logger(__name__)
-
-
-class ServerDied(EngineError):
-    """The server process exited; the message carries its exit code and log tail."""
 
 
 class MetricsUnavailable(EngineError):

@@ -23,8 +23,8 @@ from rich.progress import Progress
 
 from daedalus.engines.base import Server
 from daedalus.engines.metrics import SpecCounters, counter, spec_counters
-from daedalus.engines.process import EngineError
 from daedalus.engines.tiny_model import _WORDS
+from daedalus.errors import EngineError
 from daedalus.gates.statistics import summarize
 from daedalus.schemas.engines import (
     BenchResult,

@@ -12,8 +12,9 @@ from daedalus.engines.bench import Side, run_round
 from daedalus.engines.gpu import GpuUnavailable, NvmlDevice, settled_used_bytes
 from daedalus.engines.llama_build import LlamaBuild
 from daedalus.engines.llama_cpp import parse_kv_cache_log
-from daedalus.engines.process import EngineError, tail
+from daedalus.engines.process import tail
 from daedalus.engines.runner import launched
+from daedalus.errors import EngineError
 from daedalus.processes import group_members
 from daedalus.schemas.engines import (
     CapacityResult,

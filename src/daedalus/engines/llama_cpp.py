@@ -11,7 +11,7 @@ from pathlib import Path
 
 from daedalus.engines.base import EngineAdapter
 from daedalus.engines.llama_build import LlamaBuild
-from daedalus.engines.process import EngineError
+from daedalus.errors import EngineError
 from daedalus.schemas.engines import LlamaCppPreset
 
 # llama_kv_cache: size =   16.00 MiB (  2048 cells,   2 layers,  1/1 seqs), K (f16):    8.00 MiB, V (f16): ...

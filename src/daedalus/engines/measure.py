@@ -23,7 +23,6 @@ from daedalus.engines.gpu import copy_bandwidth, floor_fractions, floor_tps, mod
 from daedalus.engines.llama_build import CPU, BuildConfig, LlamaBuild, build_llama_cpp, cached_build
 from daedalus.engines.paths import default_llama_source
 from daedalus.engines.presets import load_preset
-from daedalus.engines.process import EngineError
 from daedalus.engines.provenance import provenance, resolve_model
 from daedalus.engines.quality import (
     SEED_PROBE_COUNT,
@@ -39,6 +38,7 @@ from daedalus.engines.quality import (
 from daedalus.engines.runner import launched
 from daedalus.engines.tiny_model import MODELS, ensure_model
 from daedalus.engines.vllm import parse_kv_cache_log, parse_metrics, prefix_caching_problem
+from daedalus.errors import EngineError, UnsupportedMetric
 from daedalus.gates.statistics import clopper_pearson
 from daedalus.schemas.engines import (
     ABResidency,
@@ -73,10 +73,6 @@ METRIC_METHODS: dict[Metric, str] = {
     Metric.FLOOR_FRACTION: "benchmark decode tok/s / (measured device copy GB/s / model bytes per token); GPU only",
 }
 NEEDS_BASELINE = {Metric.COMPRESSION, Metric.TEMP0_IDENTITY, Metric.PPL_DELTA_PCT}
-
-
-class UnsupportedMetric(EngineError):
-    """A gate names a metric the engines cannot produce."""
 
 
 def check_metric(metric: Metric, *, baseline: bool = False) -> None:
@@ -515,4 +511,8 @@ def main(
 
 
 if __name__ == "__main__":
+    from daedalus.config import Settings
+    from daedalus.engines import paths
+
+    paths.configure(Settings.load().engines)  # `python -m` is an entry point of its own
     app()

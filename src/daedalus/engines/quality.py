@@ -10,8 +10,9 @@ from pathlib import Path
 
 from daedalus.engines.base import Server
 from daedalus.engines.llama_build import LlamaBuild
-from daedalus.engines.process import EngineError, run_logged, tail
+from daedalus.engines.process import run_logged, tail
 from daedalus.engines.tiny_model import _WORDS
+from daedalus.errors import EngineError
 from daedalus.gates.statistics import clopper_pearson
 from daedalus.schemas.engines import (
     GarbageFinding,

@@ -9,8 +9,8 @@ from pathlib import Path
 from daedalus.engines.base import EngineAdapter, Server
 from daedalus.engines.llama_build import LlamaBuild
 from daedalus.engines.llama_cpp import LlamaCppAdapter
-from daedalus.engines.process import EngineError
 from daedalus.engines.vllm import VllmAdapter
+from daedalus.errors import EngineError
 from daedalus.ports import free_port
 from daedalus.schemas.engines import LlamaCppPreset, VllmPreset
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from daedalus.engines.base import EngineAdapter, Server
 from daedalus.engines.metrics import counter, flatten, labels
-from daedalus.engines.process import EngineError
+from daedalus.errors import EngineError
 from daedalus.schemas._base import Model
 from daedalus.schemas.engines import VllmPreset
 

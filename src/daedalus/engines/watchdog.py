@@ -40,6 +40,7 @@ from daedalus.engines.memory import (
     read_psi_some_avg10,
     reader_for,
 )
+from daedalus.errors import TrainingInputError
 from daedalus.schemas.training import (
     GIB,
     CheckpointPolicy,
@@ -219,12 +220,12 @@ def validate_spec(spec: TrainingRunSpec) -> None:
     """Everything that can be checked on the host before a trainer starts; raises TrainingInputError."""
     cwd = spec.cwd.expanduser()
     if not cwd.is_dir():
-        raise tp.TrainingInputError(f"the run's working directory {cwd} does not exist")
+        raise TrainingInputError(f"the run's working directory {cwd} does not exist")
     tp.resolve_command(spec.command, cwd, spec.env)
     tp.check_writable_dir(spec.checkpoints.directory, "checkpoint directory")
     total = _mem_total()
     if spec.watchdog.budget_mib is None and spec.watchdog.threshold_bytes >= total:
-        raise tp.TrainingInputError(
+        raise TrainingInputError(
             f"min_available_gib {spec.watchdog.min_available_gib} is at or above this host's total memory "
             f"({total / GIB:.1f} GiB): the run would be stopped at once"
         )

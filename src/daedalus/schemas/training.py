@@ -156,7 +156,9 @@ class TrainingRunSpec(SpecModel):
     state_dir: Path | None = Field(
         default=None, description="pidfiles and curves; default <artifact dir>/training"
     )
-    artifact_dir: Path | None = Field(default=None, description="default Settings().artifact_dir")
+    artifact_dir: Path | None = Field(
+        default=None, description="default: the host worker's artifact directory (DAEDALUS_ARTIFACTS)"
+    )
     history_limit: int = Field(
         default=2000, ge=100, le=9000, description="continue-as-new past this many events"
     )

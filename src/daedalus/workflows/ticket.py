@@ -19,6 +19,7 @@ from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
+    from daedalus.errors import TicketCancelled
     from daedalus.schemas import search_attributes as sa
     from daedalus.schemas.agents import AgentResult, ExitReason
     from daedalus.schemas.audit import AuditEvent, AuditKind, AuditRecord, TicketSnapshot
@@ -69,10 +70,6 @@ class DispatchOption:
     APPROVE = "approve"
     REJECT = "reject"
     OPTIONS = [APPROVE, REJECT]
-
-
-class TicketCancelled(Exception):
-    pass
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
+    from daedalus.errors import TrainingInputError
     from daedalus.schemas.audit import AuditEvent, AuditKind, AuditRecord
     from daedalus.schemas.ticket import (
         AgentSpec,
@@ -346,7 +347,7 @@ class TrainingRunWorkflow:
                 retry_policy=RetryPolicy(
                     initial_interval=timedelta(seconds=1),
                     maximum_interval=timedelta(seconds=30),
-                    non_retryable_error_types=["TrainingInputError"],
+                    non_retryable_error_types=[TrainingInputError.type_name],
                 ),
             )
             try:
@@ -356,11 +357,11 @@ class TrainingRunWorkflow:
                     raise  # the workflow itself is cancelled
                 inp = inp.model_copy(update={"stop_requested": True})
             except ActivityError as err:
-                cause = err.cause
-                if isinstance(cause, ApplicationError) and cause.type == "TrainingInputError":
+                refused = TrainingInputError.failure_in(err)
+                if refused is not None:
                     self._set(state=RunState.GAVE_UP)
                     raise ApplicationError(
-                        f"training run {self.spec.name} cannot start: {cause.message}", non_retryable=True
+                        f"training run {self.spec.name} cannot start: {refused.message}", non_retryable=True
                     ) from err
                 if self.c.stop is None:
                     raise
