@@ -13,9 +13,15 @@ from sqlalchemy.exc import OperationalError
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
+from daedalus.config import Settings
 from daedalus.devserver import DevServer
+from daedalus.engines import paths
 from daedalus.ports import free_port
 from daedalus.store.database import make_engine, migrate
+
+# The test session is an entry point: it builds the settings once and hands the engines their cache
+# (DAEDALUS_CACHE_DIR, where the llama.cpp build already is).
+paths.configure(Settings.load().engines)
 
 POSTGRES_URL = os.environ.get(
     "DAEDALUS_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Engine
 from temporalio.client import Client, WorkflowHandle
 
+from daedalus.agents.settings import AgentSettings
 from daedalus.schemas.ticket import TicketInput, TicketSpec, TicketState, TicketStatus
 from daedalus.slack.settings import SlackSettings
 from daedalus.worker import WorkerConfig, build_workers
@@ -88,9 +89,11 @@ async def running_workers(
     control_queue: str,
     host: str,
     slack: SlackSettings | None = None,
+    agent: AgentSettings | None = None,
 ) -> AsyncIterator[None]:
     config = WorkerConfig(
-        slack=slack,
+        slack=slack or SlackSettings(),
+        agent=agent or AgentSettings(),
         control_queue=control_queue,
         hosts=[host],
         workspace_root=tmp_path / "ws",

@@ -6,8 +6,10 @@ import pytest
 import yaml
 
 from daedalus.engines.presets import load_preset
+from daedalus.errors import TicketError
+from daedalus.schemas.engines import VllmPreset
 from daedalus.schemas.training import TrainingRunSpec
-from daedalus.services import TicketError, load_spec
+from daedalus.services import load_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -22,6 +24,59 @@ def test_seed_ticket_six_has_its_sub_tickets_in_order() -> None:
     spec = load_spec(EXAMPLES / "tickets" / "6-tp4-mtp.yaml")
     assert [child.id for child in spec.with_parent()] == ["6b", "6c", "6d", "6e", "6f"]
     assert all(child.parent == "6" for child in spec.with_parent())
+
+
+def _command_options(command: str) -> dict[str, str]:
+    words = command.split()
+    return {w: words[i + 1] for i, w in enumerate(words[:-1]) if w.startswith("--")}
+
+
+def test_seed_tickets_carry_the_seeds_figures() -> None:
+    """Thresholds, rounds, tokens, users and probes as the seed gives them (digest.en.md)."""
+    four = {g.name: g for g in load_spec(EXAMPLES / "tickets" / "4-mtp-align-tax.yaml").gates}
+    assert four["single-user-mtp2"].threshold == 55 and four["regression-tests"].threshold == 27
+    assert _command_options(four["batch8-mtp2-vs-ar"].command)["--users"] == "8"
+    six = load_spec(EXAMPLES / "tickets" / "6-tp4-mtp.yaml")
+    parent = {g.name: g for g in six.gates}
+    assert parent["tp4-single-user-ar"].threshold == 65 and parent["tp4-single-user-mtp3"].threshold == 75
+    children = {child.id: child for child in six.with_parent()}
+    [identity] = children["6d"].gates
+    assert _command_options(identity.command)["--probes"] == "60" and identity.threshold == 1.0
+    [ab] = children["6f"].gates
+    options = _command_options(ab.command)
+    assert (options["--rounds"], options["--max-tokens"], options["--users"]) == ("3", "900", "8")
+    mtp1 = load_preset(options["--preset"])
+    assert isinstance(mtp1, VllmPreset) and mtp1.speculative is not None
+    assert mtp1.speculative.num_speculative_tokens == 1
+    # 3 rounds give a distribution-free interval only up to 75%: the gate says so rather than overclaim.
+    assert ab.confidence == 0.75
+    sixe = {g.name: g for g in children["6e"].gates}
+    assert (
+        sixe["single-user-mtp3"].threshold == 75
+        and sixe["mtp3-acceptance-length"].metric.value == "acceptance_length"
+    )
+
+
+@pytest.mark.parametrize("path", sorted((EXAMPLES / "tickets").glob("[0-9]*.yaml")), ids=lambda p: p.name)
+def test_every_measure_command_names_known_presets_and_metrics(path: Path) -> None:
+    """A seed ticket's `daedalus engine measure` gate names a metric it can produce and presets that exist
+    (the local demo ticket's preset lives in its engine's worktree)."""
+    from daedalus.engines.measure import check_metric
+    from daedalus.schemas.gates import Metric
+
+    spec = load_spec(path)
+    gates = list(spec.gates) + [g for child in spec.with_parent() for g in child.gates]
+    for gate in gates:
+        if "engine measure" not in gate.command:
+            continue
+        words = gate.command.split()
+        metric = Metric(words[words.index("measure") + 1])
+        assert metric is gate.metric
+        options = _command_options(gate.command)
+        check_metric(metric, baseline="--baseline-preset" in options)
+        for flag in ("--preset", "--baseline-preset"):
+            if flag in options:
+                load_preset(options[flag])
 
 
 @pytest.mark.parametrize("path", sorted((EXAMPLES / "presets").glob("*.yaml")), ids=lambda p: p.name)

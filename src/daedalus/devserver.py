@@ -15,12 +15,9 @@ from types import TracebackType
 
 from temporalio.client import Client
 
+from daedalus.errors import DevServerError
 from daedalus.ports import port_is_open
 from daedalus.schemas.search_attributes import SEARCH_ATTRIBUTES
-
-
-class DevServerError(RuntimeError):
-    pass
 
 
 def temporal_binary() -> Path:

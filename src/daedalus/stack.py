@@ -19,7 +19,6 @@ from daedalus.devserver import DevServer
 from daedalus.hosts.holder import LeaseError, ensure_keeper
 from daedalus.hosts.registry import RegistryError, load_registry
 from daedalus.services import connect
-from daedalus.slack.settings import SlackSettings
 from daedalus.store.database import make_engine, migrate
 from daedalus.worker import WorkerConfig, build_workers
 
@@ -36,7 +35,7 @@ class Stack:
 
     @property
     def ui_url(self) -> str | None:
-        return f"http://localhost:{self.settings.ui_port}" if self.server else None
+        return f"http://localhost:{self.settings.temporal.ui_port}" if self.server else None
 
 
 def tools_on_path() -> None:
@@ -56,7 +55,8 @@ async def start_lease_keepers(client: Client, settings: Settings) -> None:
     for host in registry.names:
         try:
             await asyncio.wait_for(
-                ensure_keeper(client, registry, host, control_queue=settings.control_queue), KEEPER_START_S
+                ensure_keeper(client, registry, host, control_queue=settings.temporal.control_queue),
+                KEEPER_START_S,
             )
         except (LeaseError, TimeoutError) as error:
             log.warning("lease keeper not started", host=host, error=str(error) or "timed out")
@@ -68,39 +68,34 @@ async def running_stack(
     settings: Settings, *, hosts: list[str], control: bool = True, embedded: bool | None = None
 ) -> AsyncIterator[Stack]:
     """Start what is asked for, yield while it runs, and stop all of it (process groups included) on exit."""
-    embedded = settings.temporal_address is None if embedded is None else embedded
+    temporal = settings.temporal
+    embedded = temporal.address is None if embedded is None else embedded
     server = None
     if embedded:
         settings.home.mkdir(parents=True, exist_ok=True)
         server = DevServer(
             db_file=settings.home / "temporal.db",
-            port=settings.temporal_port,
-            ui_port=settings.ui_port,
+            port=temporal.port,
+            ui_port=temporal.ui_port,
             log_file=settings.home / "temporal.log",
         )
         await asyncio.to_thread(server.start)
         log.info(
-            "temporal dev server started", address=server.address, ui=f"http://localhost:{settings.ui_port}"
+            "temporal dev server started", address=server.address, ui=f"http://localhost:{temporal.ui_port}"
         )
     try:
-        client = await connect(settings.address, settings.namespace)
+        client = await connect(temporal.target, temporal.namespace)
         engine = None
         if control:
             engine = make_engine(settings.store_url)
             await asyncio.to_thread(migrate, engine)
         tools_on_path()
-        config = WorkerConfig(
-            control_queue=settings.control_queue,
-            hosts=hosts,
-            workspace_root=settings.home / "hosts",
-            artifacts=settings.artifact_dir,
-            slack=SlackSettings(),
-        )
+        config = WorkerConfig.from_settings(settings, hosts)
         workers = build_workers(client, config, engine)
         tasks = [asyncio.create_task(worker.run()) for worker in workers]
         if control:
             await start_lease_keepers(client, settings)
-        log.info("workers started", control=control, hosts=hosts, queue=settings.control_queue)
+        log.info("workers started", control=control, hosts=hosts, queue=temporal.control_queue)
         try:
             yield Stack(client=client, engine=engine, settings=settings, server=server)
         finally:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy import Engine
@@ -14,7 +14,7 @@ from daedalus.activities.attempts import AttemptActivities
 from daedalus.activities.audit import AuditActivities
 from daedalus.activities.builds import BuildActivities
 from daedalus.activities.campaigns import CampaignCellActivities, CampaignStoreActivities
-from daedalus.activities.engines import build_engine, run_benchmark, run_quality_probe
+from daedalus.activities.engines import EngineActivities
 from daedalus.activities.gates import GateActivities
 from daedalus.activities.hosts import (
     KeeperStoreActivities,
@@ -27,6 +27,10 @@ from daedalus.activities.notify import NotifyActivities
 from daedalus.activities.report import ReportActivities
 from daedalus.activities.training import TrainingActivities
 from daedalus.activities.workspace import Workspace
+from daedalus.agents.settings import AgentSettings
+from daedalus.config import Settings
+from daedalus.engines import paths
+from daedalus.engines.paths import EngineSettings
 from daedalus.ids import host_queue
 from daedalus.slack.settings import SlackSettings
 from daedalus.workflows.campaign import CampaignWorkflow
@@ -48,26 +52,42 @@ WORKFLOWS: Sequence[type] = (
 
 @dataclass(frozen=True)
 class WorkerConfig:
+    """What the workers and their activities are built with; the activities get their parts from here, at
+    construction, and never read the environment themselves."""
+
     control_queue: str
     hosts: Sequence[str]
     workspace_root: Path
     artifacts: Path
     max_concurrent_activities: int = 50
-    slack: SlackSettings | None = None
-    """None turns notifications off (tests never reach Slack); `daedalus up`/`worker` pass SlackSettings()."""
+    slack: SlackSettings = field(default_factory=SlackSettings)
+    """The default has no token: notifications are off (tests never reach Slack)."""
+    agent: AgentSettings = field(default_factory=AgentSettings)
+    engines: EngineSettings | None = None
+    """The engine cache; None leaves the process's as its entry point configured it (a test session's)."""
     fail_workflows_on_bugs: bool = False
     """Tests set this so a workflow bug fails the run at once instead of retrying its task forever."""
+
+    @classmethod
+    def from_settings(cls, settings: Settings, hosts: Sequence[str]) -> WorkerConfig:
+        return cls(
+            control_queue=settings.temporal.control_queue,
+            hosts=hosts,
+            workspace_root=settings.home / "hosts",
+            artifacts=settings.artifact_dir,
+            slack=settings.slack,
+            agent=settings.agent,
+            engines=settings.engines,
+        )
 
 
 def control_worker(client: Client, config: WorkerConfig, engine: Engine) -> Worker:
     """Workflows and the activities that touch the network or the database."""
     audit = AuditActivities(engine)
-    # An explicit empty SlackSettings: SlackSettings() would read a developer's .env token.
-    slack = config.slack or SlackSettings(bot_token=None, channel=None)
-    notify = NotifyActivities(slack, config.artifacts / "slack-posted")
+    notify = NotifyActivities(config.slack, config.artifacts / "slack-posted")
     keepers, leases = KeeperStoreActivities(engine), LeaseActivities()
     lessons = LessonActivities(engine)
-    report = ReportActivities(engine, slack, config.artifacts)
+    report = ReportActivities(engine, config.slack, config.artifacts)
     campaigns = CampaignStoreActivities(engine)
     return Worker(
         client,
@@ -98,10 +118,13 @@ def host_worker(client: Client, config: WorkerConfig, host: str) -> Worker:
     """The activities that run on `host` itself: agents in worktrees, builds, gates, engines, training."""
     workspace = Workspace(root=config.workspace_root / host, artifacts=config.artifacts)
     attempts, builds, gates = (
-        AttemptActivities(workspace),
+        AttemptActivities(workspace, config.agent),
         BuildActivities(workspace),
         GateActivities(workspace),
     )
+    if config.engines is not None:
+        paths.configure(config.engines)
+    engines = EngineActivities(config.artifacts)
     training = TrainingActivities(config.artifacts, state_dir=config.workspace_root / host / "training")
     tenants = TenantActivities(gpu_state_dir(config.workspace_root, host))
     leased = LeasedCommandActivities(config.artifacts)
@@ -113,9 +136,9 @@ def host_worker(client: Client, config: WorkerConfig, host: str) -> Worker:
             attempts.run_attempt,
             builds.run_build,
             gates.run_gate,
-            build_engine,
-            run_benchmark,
-            run_quality_probe,
+            engines.build_engine,
+            engines.run_benchmark,
+            engines.run_quality_probe,
             training.supervise_training,
             training.training_host_report,
             tenants.pause_tenant,

@@ -13,6 +13,7 @@ from daedalus.agents.claude import ClaudeAgent
 from daedalus.agents.codex import CodexAgent
 from daedalus.agents.costs import load_usage
 from daedalus.agents.settings import AgentSettings
+from daedalus.errors import AgentConfigError
 from daedalus.schemas.agents import ExitReason
 from tests.agents.conftest import Beats, MakeTask
 from tests.agents.fakes import fake_cli_settings, sleeping, unique_sleep, write_fake_cli
@@ -153,7 +154,6 @@ time.sleep(60)
 async def test_missing_codex_binary_says_which_setting(
     make_task: MakeTask, artifacts: Path, beats: Beats
 ) -> None:
-    from daedalus.agents.base import AgentConfigError
 
     with pytest.raises(AgentConfigError, match="DAEDALUS_AGENT_CODEX_BIN"):
         await CodexAgent(AgentSettings(codex_bin="/nonexistent/codex")).run(

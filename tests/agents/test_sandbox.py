@@ -28,6 +28,7 @@ from daedalus.agents import worktree as wt
 from daedalus.agents.scripted import ScriptedAgent
 from daedalus.agents.settings import DEFAULT_DENY, AgentSettings
 from daedalus.agents.tools import MAX_OUTPUT, MAX_READ, Toolbox
+from daedalus.config import Settings
 from daedalus.sandbox import Sandbox, SandboxUnavailable, bwrap_binary
 from daedalus.schemas.agents import AgentTask, ExitReason
 from daedalus.schemas.gates import GateSpec
@@ -214,7 +215,7 @@ async def test_scripted_commands_are_sandboxed_and_leave_nothing_running(
             ],
         }
     )
-    result = await ScriptedAgent().run(task, artifacts=artifacts, heartbeat=beats)
+    result = await ScriptedAgent(AgentSettings()).run(task, artifacts=artifacts, heartbeat=beats)
     assert result.exit_reason is ExitReason.COMMITTED, result.detail
     assert sleeping(sleep) == [], "a scripted command's setsid/nohup child outlived it"
     leaked = (Path(task.worktree) / "leaked.txt").read_text()
@@ -326,7 +327,7 @@ def test_cli_agents_get_only_their_own_provider_key(tmp_path: Path, monkeypatch:
         branch="daedalus/t1/attempt-1",
         spec="x",
     )
-    settings = AgentSettings()
+    settings = Settings.load(env_file=None).agent  # the test is the entry point that reads the environment
     codex = CodexAgent(settings).sandbox(task, tmp_path / "art", Path(sys.executable)).environment("t")
     claude = ClaudeAgent(settings).sandbox(task, tmp_path / "art", Path(sys.executable)).environment("t")
     assert codex["OPENAI_API_KEY"] == SECRETS["OPENAI_API_KEY"]

@@ -9,7 +9,8 @@ import psutil
 import pytest
 
 from daedalus.agents.settings import DEFAULT_DENY
-from daedalus.agents.tools import ForbiddenCommand, PathEscape, Toolbox, ToolError
+from daedalus.agents.tools import Toolbox
+from daedalus.errors import ForbiddenCommand, PathEscape, ToolError
 
 
 @pytest.fixture

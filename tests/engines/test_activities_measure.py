@@ -14,7 +14,7 @@ from temporalio import workflow
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from daedalus.activities.engines import build_engine, run_benchmark
+from daedalus.activities.engines import EngineActivities
 from daedalus.engines.llama_build import LlamaBuild
 from daedalus.engines.presets import PRESET_DIR
 from daedalus.schemas.engines import BenchmarkRequest, BenchmarkSummary, BuildInfo, BuildRequest, Workload
@@ -27,29 +27,28 @@ pytestmark = pytest.mark.llama
 class EngineBenchWorkflow:
     @workflow.run
     async def run(self, request: BenchmarkRequest) -> BenchmarkSummary:
-        build = await workflow.execute_activity(
-            build_engine, request.build, start_to_close_timeout=timedelta(minutes=30),
+        build = await workflow.execute_activity_method(
+            EngineActivities.build_engine, request.build, start_to_close_timeout=timedelta(minutes=30),
             heartbeat_timeout=timedelta(seconds=30),
         )  # fmt: skip
         assert isinstance(build, BuildInfo)
-        return await workflow.execute_activity(
-            run_benchmark, request, start_to_close_timeout=timedelta(minutes=10),
+        return await workflow.execute_activity_method(
+            EngineActivities.run_benchmark, request, start_to_close_timeout=timedelta(minutes=10),
             heartbeat_timeout=timedelta(seconds=30),
         )  # fmt: skip
 
 
 async def test_benchmark_activity_writes_the_artifact_and_is_idempotent(
     temporal_client: Client, task_queue: str, llama_build: LlamaBuild, tiny_model: Path, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    monkeypatch.setenv("DAEDALUS_ARTIFACTS", str(tmp_path))
+    engines = EngineActivities(artifacts=tmp_path)
     request = BenchmarkRequest(
         run_id=f"t-{uuid.uuid4().hex[:8]}", preset=PRESET_DIR / "local-q8_0.yaml", model=tiny_model,
         baseline_preset=PRESET_DIR / "local-f16.yaml", workload=Workload(rounds=3, max_tokens=16),
         build=BuildRequest(source=llama_build.source),
     )  # fmt: skip
     async with Worker(temporal_client, task_queue=task_queue, workflows=[EngineBenchWorkflow],
-                      activities=[build_engine, run_benchmark]):  # fmt: skip
+                      activities=[engines.build_engine, engines.run_benchmark]):  # fmt: skip
         summary = await temporal_client.execute_workflow(
             EngineBenchWorkflow.run, request, id=f"bench-{uuid.uuid4()}", task_queue=task_queue
         )

@@ -14,7 +14,7 @@ from daedalus.engines.memory import (
     HostMemory,
     Nvml,
     ProcessTreeMemory,
-    read_oom_kills,
+    read_counter_file,
     read_psi_some_avg10,
 )
 from daedalus.engines.watchdog import StopRule
@@ -103,7 +103,7 @@ def test_host_reading_is_sane() -> None:
 
 def test_missing_proc_readings_fall_back_to_none(tmp_path: Path) -> None:
     assert read_psi_some_avg10(tmp_path / "absent") is None
-    assert read_oom_kills(tmp_path / "absent") is None
+    assert read_counter_file(tmp_path / "absent") is None
     garbled = tmp_path / "pressure"
     garbled.write_text("some avg10=x avg60=0\n")
     assert read_psi_some_avg10(garbled) is None
@@ -114,7 +114,7 @@ def test_missing_proc_readings_fall_back_to_none(tmp_path: Path) -> None:
     assert read_psi_some_avg10(good) == 1.25
     vmstat = tmp_path / "vmstat"
     vmstat.write_text("nr_free_pages 1\noom_kill 4\n")
-    assert read_oom_kills(vmstat) == 4
+    assert read_counter_file(vmstat) == 4
 
 
 def test_nvml_without_pynvml_reads_nothing() -> None:

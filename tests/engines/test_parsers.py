@@ -3,9 +3,9 @@
 import pytest
 
 from daedalus.engines.llama_cpp import parse_kv_cache_log
-from daedalus.engines.measure import UnsupportedMetric, check_metric
-from daedalus.engines.process import EngineError
+from daedalus.engines.measure import check_metric
 from daedalus.engines.quality import garbage, parse_perplexity
+from daedalus.errors import EngineError, UnsupportedMetric
 from daedalus.schemas.engines import GarbageKind
 from daedalus.schemas.gates import Metric
 

@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from daedalus.engines.presets import PRESET_DIR, PresetError, load_preset, parse_preset
+from daedalus.engines.presets import PRESET_DIR, load_preset, parse_preset
+from daedalus.errors import PresetError
 from daedalus.schemas.engines import LlamaCppPreset, VllmPreset
 
 

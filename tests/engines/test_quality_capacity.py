@@ -9,10 +9,16 @@ import pytest
 from daedalus.engines.capacity import capacity, wall_sweep
 from daedalus.engines.llama_build import LlamaBuild
 from daedalus.engines.presets import load_preset
-from daedalus.engines.quality import needle_probe, perplexity_delta, temp0_identity, write_corpus
+from daedalus.engines.quality import (
+    identity_probes,
+    needle_probe,
+    perplexity_delta,
+    temp0_identity,
+    write_corpus,
+)
 from daedalus.engines.runner import launched
 from daedalus.engines.tiny_model import model_kv_bytes_per_token
-from daedalus.schemas.engines import LlamaCppPreset
+from daedalus.schemas.engines import LlamaCppPreset, ProbeOutcome
 
 pytestmark = pytest.mark.llama
 
@@ -30,9 +36,12 @@ async def test_speculative_self_draft_is_identical_to_plain_decoding(
         launched(_preset("local-spec-self"), small_model, tmp_path / "spec", build=llama_build) as spec,
         launched(_preset("local-f16"), small_model, tmp_path / "ar", build=llama_build) as ar,
     ):
-        result = await temp0_identity(spec, ar)
+        result = await temp0_identity(spec, ar, probes=identity_probes(8))
         metrics = await spec.metrics()
-    assert result.passed and result.identical == result.prompts, result.detail
+    # Verifying a batch of drafts is not bit-identical to one-token decoding on the CPU either: a flip is allowed
+    # only as a near tie (the seed's 6b/6c), and most probes stay identical.
+    assert result.passed and result.identical + result.near_ties == result.prompts, result.detail
+    assert result.identical >= result.prompts - 2, result.detail
     assert metrics["llamacpp:spec_decode_num_draft_tokens_total"] > 0, "the draft model really drafted"
 
 
@@ -43,11 +52,14 @@ async def test_q8_kv_against_f16_follows_the_near_tie_rule(
         launched(_preset("local-q8_0"), small_model, tmp_path / "q8", build=llama_build) as q8,
         launched(_preset("local-f16"), small_model, tmp_path / "f16", build=llama_build) as f16,
     ):
-        result = await temp0_identity(q8, f16)
+        result = await temp0_identity(q8, f16, probes=identity_probes(8))
     assert result.identical + result.near_ties == result.prompts or not result.passed
-    if not result.passed:
-        assert result.first_divergence is not None and result.logprob_gap is not None
-        assert result.logprob_gap >= 0.25
+    for judged in result.judgements:
+        if judged.outcome is ProbeOutcome.DIVERGED:
+            assert judged.first_divergence is not None
+            assert judged.logprob_gap is None or judged.logprob_gap >= 0.25
+        elif judged.outcome is ProbeOutcome.NEAR_TIE:
+            assert judged.logprob_gap is not None and judged.logprob_gap < 0.25
 
 
 async def test_needle_reports_k_of_n_with_clopper_pearson(
@@ -81,10 +93,12 @@ async def test_kib_per_token_by_difference_and_compression(llama_build: LlamaBui
         tmp_path,
         llama_build,
         baseline=_preset("local-f16"),
-        contexts=(1024, 8192),
+        contexts=(1024, 4096, 8192),
     )
     expected_f16 = model_kv_bytes_per_token("medium") / 1024  # 8 KiB/token for the medium model
     assert result.baseline_kib_per_token == pytest.approx(expected_f16, rel=0.15)
+    # The slope comes with its fit error (3 contexts: 1 residual degree of freedom).
+    assert result.fit_dof == 1 and result.kib_per_token_se is not None and result.compression_se is not None
     # q8_0 stores 34 bytes per 32 values: 1.88x smaller than f16.
     assert result.compression == pytest.approx(2 / (34 / 32), rel=0.15)
     assert result.kib_per_token_reported == pytest.approx(expected_f16 * 34 / 64, rel=0.02)

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from daedalus.engines.presets import load_preset
-from daedalus.engines.process import EngineError
 from daedalus.engines.vllm import VllmAdapter, parse_kv_cache_log, parse_metrics
+from daedalus.errors import EngineError
 from daedalus.schemas.engines import VllmPreset
 
 # vLLM >= 0.7.3 (V1), two lines (vllm PR #13596).

@@ -13,13 +13,16 @@ import pytest
 from pydantic import ValidationError
 
 from daedalus.engines import trainer_process as tp
+from daedalus.engines.memory import OomCounters, cgroup_oom_file, kernel_log_oom, read_counter_file
 from daedalus.engines.watchdog import (
     classify,
     complete_checkpoints,
+    oom_evidence,
     prune_checkpoints,
     run_dir_for,
     supervise_segment,
 )
+from daedalus.errors import TrainingInputError
 from daedalus.schemas.training import (
     CheckpointPolicy,
     DeathClass,
@@ -139,7 +142,7 @@ async def test_flat_run_is_never_stopped_until_asked(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("sig", "expected"),
-    [(signal.SIGKILL, DeathClass.KERNEL_OOM), (signal.SIGTERM, DeathClass.OUTSIDE_SIGTERM)],
+    [(signal.SIGKILL, DeathClass.OUTSIDE_SIGKILL), (signal.SIGTERM, DeathClass.OUTSIDE_SIGTERM)],
 )
 async def test_outside_signal_is_classified(
     tmp_path: Path, sig: signal.Signals, expected: DeathClass
@@ -187,7 +190,7 @@ async def test_a_run_started_again_launches_afresh_instead_of_reporting_the_old_
 
 async def test_missing_command_is_a_clear_error_and_leaves_nothing(tmp_path: Path) -> None:
     spec = make_spec(tmp_path).model_copy(update={"command": ["no-such-trainer-xyz", "--go"]})
-    with pytest.raises(tp.TrainingInputError, match=r"no-such-trainer-xyz.*not on PATH"):
+    with pytest.raises(TrainingInputError, match=r"no-such-trainer-xyz.*not on PATH"):
         await segment(spec)
     run_dir = run_dir_for(tmp_path / "state", spec, 1)
     assert not (run_dir / tp.INTENT_FILE).exists()
@@ -199,7 +202,7 @@ async def test_unwritable_checkpoint_dir_is_a_clear_error(tmp_path: Path) -> Non
     blocker.write_text("")
     spec = make_spec(tmp_path)
     spec = spec.model_copy(update={"checkpoints": CheckpointPolicy(directory=blocker / "ckpt", keep=2)})
-    with pytest.raises(tp.TrainingInputError, match=r"checkpoint directory .* is not writable"):
+    with pytest.raises(TrainingInputError, match=r"checkpoint directory .* is not writable"):
         await segment(spec)
     assert not trainers_of(spec)
 
@@ -220,7 +223,7 @@ async def test_threshold_above_total_memory_is_refused(tmp_path: Path) -> None:
     huge = spec.watchdog.model_copy(
         update={"memory_source": MemorySource.HOST, "budget_mib": None, "min_available_gib": 10_000.0}
     )
-    with pytest.raises(tp.TrainingInputError, match="above this host's total memory"):
+    with pytest.raises(TrainingInputError, match="above this host's total memory"):
         await segment(spec.model_copy(update={"watchdog": huge}))
 
 
@@ -244,8 +247,9 @@ def test_prune_keeps_latest_complete_and_never_a_half_written_one(tmp_path: Path
 
 
 def test_classify_table() -> None:
-    assert classify(-9, None)[0] is DeathClass.KERNEL_OOM
-    assert classify(137, None)[0] is DeathClass.KERNEL_OOM
+    assert classify(-9, None)[0] is DeathClass.OUTSIDE_SIGKILL
+    assert classify(137, None)[0] is DeathClass.OUTSIDE_SIGKILL
+    assert classify(-9, None, oom=["/proc/vmstat oom_kill +1"])[0] is DeathClass.KERNEL_OOM
     assert classify(-15, None)[0] is DeathClass.OUTSIDE_SIGTERM
     assert classify(-2, None)[0] is DeathClass.OUTSIDE_SIGNAL
     assert classify(-9, StopReason.THRESHOLD)[0] is DeathClass.WATCHDOG_STOP
@@ -253,3 +257,72 @@ def test_classify_table() -> None:
     assert classify(0, None)[0] is DeathClass.CLEAN_EXIT
     assert classify(2, None)[:2] == (DeathClass.CRASH, None)
     assert classify(None, None)[0] is DeathClass.LOST
+
+
+# Deaths on evidence: a SIGKILL is a kernel OOM only when the kernel says so.
+
+KMSG = (
+    "6,2101,5123456789,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
+    "oom_memcg=/train,task_memcg=/train,task=python,pid={pid},uid=0\n"
+    "3,2102,5123456790,-;Memory cgroup out of memory: Killed process {pid} (python) total-vm:127002340kB, "
+    "anon-rss:120232012kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:235616kB oom_score_adj:800\n"
+)
+
+
+def test_memory_cgroup_oom_counters_are_found_for_v1_and_v2(tmp_path: Path) -> None:
+    proc, root = tmp_path / "proc", tmp_path / "cgroup"
+    (proc / "41").mkdir(parents=True)
+    (proc / "41" / "cgroup").write_text("12:pids:/train\n4:memory:/train\n0::/train\n")
+    (root / "memory" / "train").mkdir(parents=True)
+    (root / "memory" / "train" / "memory.oom_control").write_text(
+        "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n"
+    )
+    v1 = cgroup_oom_file(41, proc, root)
+    assert v1 == root / "memory" / "train" / "memory.oom_control" and read_counter_file(v1) == 2
+    (proc / "42").mkdir()
+    (proc / "42" / "cgroup").write_text("0::/system.slice/train.service\n")
+    (root / "system.slice" / "train.service").mkdir(parents=True)
+    events = root / "system.slice" / "train.service" / "memory.events"
+    events.write_text("low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\noom_group_kill 0\n")
+    assert cgroup_oom_file(42, proc, root) == events and read_counter_file(events) == 1
+    assert cgroup_oom_file(43, proc, root) is None
+
+
+async def test_a_real_sigkill_is_a_kernel_oom_only_with_evidence(tmp_path: Path) -> None:
+    child = await asyncio.create_subprocess_exec(sys.executable, "-c", "import time; time.sleep(60)")
+    os.kill(child.pid, signal.SIGKILL)
+    returncode = await child.wait()
+    assert returncode == -signal.SIGKILL
+    before = OomCounters(vmstat=7, cgroup=0, cgroup_file="/sys/fs/cgroup/train/memory.events")
+    # Nothing moved and the kernel log does not name the child: someone outside sent it.
+    evidence, delta = oom_evidence(before, before, None)
+    cls, sig, summary = classify(returncode, None, None, evidence)
+    assert (cls, sig, delta) == (DeathClass.OUTSIDE_SIGKILL, "SIGKILL", 0) and "sender unknown" in summary
+    # The kernel's log names the child: a kernel OOM, and the summary says why.
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(KMSG.format(pid=child.pid))
+    line = kernel_log_oom(child.pid, kmsg)
+    assert line is not None and f"Killed process {child.pid} (python)" in line
+    assert kernel_log_oom(child.pid + 1, kmsg) is None
+    evidence, _ = oom_evidence(before, before, line)
+    cls, _, summary = classify(returncode, None, None, evidence)
+    assert cls is DeathClass.KERNEL_OOM and f"Killed process {child.pid}" in summary
+    # The memory cgroup's own counter moved: evidence too; a host-wide move alone is weaker but still counts.
+    after = OomCounters(vmstat=7, cgroup=1, cgroup_file=before.cgroup_file)
+    assert "the trainer's memory cgroup" in oom_evidence(before, after, None)[0][0]
+    host = OomCounters(vmstat=8, cgroup=0, cgroup_file=before.cgroup_file)
+    assert oom_evidence(before, host, None) == (["/proc/vmstat oom_kill +1 during the run (host-wide)"], 1)
+
+
+async def test_supervised_outside_sigkill_records_no_oom_evidence(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, "--step-s", "0.05")
+    host_before = read_counter_file(Path("/proc/vmstat"))
+    task = asyncio.create_task(segment(spec))
+    record = await trainer_record(spec)
+    await asyncio.sleep(0.3)
+    os.kill(record.pid, signal.SIGKILL)
+    report = await task
+    assert report.death is not None
+    if read_counter_file(Path("/proc/vmstat")) == host_before:  # no OOM kill anywhere on the host meanwhile
+        assert report.death.death_class is DeathClass.OUTSIDE_SIGKILL and report.death.oom_evidence == []
+        assert "sender unknown" in report.death.summary and report.death.oom_kills_during_run in (0, None)

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from daedalus.gates.statistics import clopper_pearson, summarize
+from daedalus.gates.statistics import clopper_pearson
 from daedalus.gates.test_count import measure
 from daedalus.gates.verdicts import decide
 from daedalus.schemas.gates import GateMeasurement, GateSpec, Verdict
@@ -94,11 +94,6 @@ def test_clopper_pearson_three_of_three() -> None:
     assert round(low, 2) == 0.29 and high == 1.0
     with pytest.raises(ValueError):
         clopper_pearson(4, 3)
-
-
-def test_summary_of_single_sample_is_exact() -> None:
-    summary = summarize([27.0])
-    assert (summary.ci_low, summary.median, summary.ci_high, summary.method) == (27.0, 27.0, 27.0, "exact")
 
 
 def test_test_count_reads_pytest_summary(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -95,9 +95,9 @@ from daedalus.stack import running_stack
 
 async def main() -> None:
     spec = tickets.parse_spec(json.loads(Path(sys.argv[1]).read_text()), "bundle test")
-    settings = Settings()
+    settings = Settings.load()
     async with running_stack(settings, hosts=[spec.host], embedded=True) as stack:
-        handle = await tickets.file_ticket(stack.client, spec, queue=settings.control_queue, filed_by="test")
+        handle = await tickets.file_ticket(stack.client, spec, queue=settings.temporal.control_queue, filed_by="test")
         state = await asyncio.wait_for(handle.result(), 240)
     print(json.dumps({"status": state.status.value, "temporal": str(temporal_binary()),
                       "verdicts": [g.verdict.value for a in state.attempts for g in a.gate_results]}))

@@ -21,6 +21,7 @@ from temporalio.worker import Worker
 from daedalus.activities.attempts import AttemptActivities
 from daedalus.activities.workspace import Workspace
 from daedalus.agents.base import RESULT_FILE, RUNNING_FILE
+from daedalus.agents.settings import AgentSettings
 from daedalus.hosts.mirrors import ENVIRONMENT_ERROR, EngineRepoUnavailable, is_url, mirror_path
 from daedalus.ports import free_port
 from daedalus.schemas.agents import AgentResult, ExitReason
@@ -127,7 +128,7 @@ async def _attempt(client: Client, queue: str, workspace: Workspace, request: At
         client,
         task_queue=queue,
         workflows=[AttemptOnce],
-        activities=[AttemptActivities(workspace).run_attempt],
+        activities=[AttemptActivities(workspace, AgentSettings()).run_attempt],
     ):
         return await client.execute_workflow(
             AttemptOnce.run, request, id=f"attempt-{uuid.uuid4()}", task_queue=queue

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 from slack_sdk.errors import SlackApiError
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from daedalus.activities.notify import NotifyActivities
+from daedalus.errors import SlackUnavailable
 from daedalus.schemas.notify import NotifyOutcome
 from daedalus.schemas.ticket import DecisionKind, DecisionRequest
 from daedalus.slack.settings import SlackSettings
@@ -105,8 +107,11 @@ async def test_a_rate_limit_is_retried_by_temporal_then_given_up(slack: FakeSlac
     activities = NotifyActivities(settings_for(slack), tmp_path / "ledger")
     env = ActivityEnvironment()
     slack.rate_limit_next = 1
-    with pytest.raises(SlackApiError):
+    with pytest.raises(ApplicationError) as transient:
         await env.run(activities.notify_decision_request, request())
+    assert transient.value.type == SlackUnavailable.type_name and not transient.value.non_retryable
+    assert isinstance(transient.value.__cause__, SlackUnavailable)
+    assert isinstance(transient.value.__cause__.__cause__, SlackApiError)
     slack.rate_limit_next = 1
     env.info = dataclasses.replace(env.info, attempt=3)
     result = await env.run(activities.notify_decision_request, request())

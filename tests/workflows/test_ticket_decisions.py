@@ -4,7 +4,6 @@ escalation options, amend and cancel, and ticket ids. Every request goes through
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ from sqlalchemy import Engine
 from temporalio.client import Client
 
 from daedalus import services as daedalus
+from daedalus.agents.settings import AgentSettings
 from daedalus.schemas.gates import Verdict
 from daedalus.schemas.ticket import (
     AttemptOutcome,
@@ -377,14 +377,14 @@ async def test_retry_grants_one_more_attempt(
     source = tmp_path / "what-the-agent-writes.txt"
     source.write_text("40.0\n")
     # The scripted agent's commands run in the worktree's sandbox: the file it copies must be shown to it.
-    monkeypatch.setenv("DAEDALUS_AGENT_SANDBOX_READ_ONLY", json.dumps([str(source)]))
+    agent = AgentSettings(sandbox_read_only=[str(source)])
     spec = ticket_spec(
         make_engine_repo(tmp_path / "repo"),
         host,
         agent={"name": "scripted", "commands": [f"cp {source} speed.txt"]},
         max_attempts=1,
     )
-    async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
+    async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host, agent=agent):
         handle = await daedalus.file_ticket(temporal_client, spec, queue=task_queue)
         _, request = await pending(handle)
         source.write_text("56.0\n")  # what the next attempt will do differently

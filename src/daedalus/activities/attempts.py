@@ -17,12 +17,13 @@ from temporalio.exceptions import ApplicationError
 from daedalus.activities.refs import RUN_ATTEMPT
 from daedalus.activities.workspace import Workspace
 from daedalus.agents import worktree as wt
-from daedalus.agents.base import RESULT_FILE, RUNNING_FILE, USAGE_FILE, AgentConfigError, RunningRecord
+from daedalus.agents.base import RESULT_FILE, RUNNING_FILE, USAGE_FILE, RunningRecord
 from daedalus.agents.cli import CliAgent
 from daedalus.agents.costs import load_usage
 from daedalus.agents.prompt import build_prompt
 from daedalus.agents.registry import CodingAgent, agent_for
 from daedalus.agents.settings import AgentSettings
+from daedalus.errors import AgentConfigError, GitError, InputError, SetupError, maps_errors
 from daedalus.hosts.mirrors import ENVIRONMENT_ERROR, EngineRepoUnavailable
 from daedalus.sandbox import SandboxError, bwrap_binary
 from daedalus.schemas.agents import AgentResult, AgentTask, AgentUsage, ExitReason
@@ -39,21 +40,22 @@ def _checkout_status(repo: Path) -> str | None:
 
 
 class AttemptActivities:
-    def __init__(self, workspace: Workspace, settings: AgentSettings | None = None):
+    def __init__(self, workspace: Workspace, settings: AgentSettings):
         self.workspace = workspace
         self.settings = settings
 
     @activity.defn(name=RUN_ATTEMPT.name)
+    @maps_errors
     async def run_attempt(self, request: AttemptInput) -> AgentResult:
         spec = request.spec
         if spec.agent is None or spec.engine is None:
-            raise ApplicationError(f"ticket {spec.id} has no agent or engine to attempt", non_retryable=True)
+            raise InputError(f"ticket {spec.id} has no agent or engine to attempt; give its spec both")
         check_allowed_paths(spec.allowed_paths)
         try:
             bwrap_binary()  # before a worktree is made: an agent never runs outside its sandbox
         except SandboxError as error:
-            raise ApplicationError(str(error), non_retryable=True) from error
-        settings = self.settings or AgentSettings()
+            raise SetupError(str(error)) from error
+        settings = self.settings
         if spec.engine is not None and request.filing:
             self.workspace.claim(
                 spec.id, request.attempt, request.filing, self.workspace.repo_path(spec.engine)
@@ -74,10 +76,8 @@ class AttemptActivities:
             base = wt.prepare_worktree(
                 repo=repo, base_commit=spec.engine.base_commit, worktree=worktree, branch=branch
             )
-        except wt.GitError as error:
-            raise ApplicationError(
-                f"cannot prepare the attempt's worktree: {error}", non_retryable=True
-            ) from error
+        except GitError as error:
+            raise GitError(f"cannot prepare the attempt's worktree: {error}") from error
         task = AgentTask(
             ticket_id=spec.id,
             attempt=request.attempt,
@@ -168,10 +168,9 @@ def check_allowed_paths(allowed: list[str]) -> None:
     """Allowed paths are relative and stay in the worktree; anything else is a spec error, not a retry."""
     bad = [p for p in allowed if Path(p).is_absolute() or p.startswith("~") or ".." in Path(p).parts]
     if bad:
-        raise ApplicationError(
+        raise InputError(
             f"allowed_paths {bad} point outside the worktree; give paths relative to the repository root "
-            "such as 'vllm/attention' (or '.' for all of it)",
-            non_retryable=True,
+            "such as 'vllm/attention' (or '.' for all of it)"
         )
 
 

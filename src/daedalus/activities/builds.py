@@ -4,6 +4,7 @@ from temporalio import activity
 
 from daedalus.activities.refs import RUN_BUILD
 from daedalus.activities.workspace import Workspace
+from daedalus.errors import maps_errors
 from daedalus.processes import run_logged
 from daedalus.schemas.steps import BuildInput, BuildResult
 
@@ -13,6 +14,7 @@ class BuildActivities:
         self.workspace = workspace
 
     @activity.defn(name=RUN_BUILD.name)
+    @maps_errors
     async def run_build(self, request: BuildInput) -> BuildResult:
         """A failing build is a result (the ticket decides what it means), not an activity error."""
         artifacts = self.workspace.attempt_artifacts(request.ticket_id, request.attempt)

@@ -12,16 +12,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
-from daedalus.config import Settings
 from daedalus.engines.bench import Side, benchmark
-from daedalus.engines.llama_build import BuildError, LlamaBuild, build_llama_cpp
+from daedalus.engines.llama_build import LlamaBuild, build_llama_cpp
+from daedalus.engines.measure import bench_presets
 from daedalus.engines.paths import default_llama_source
-from daedalus.engines.presets import PresetError, load_preset
-from daedalus.engines.process import EngineError
+from daedalus.engines.presets import load_preset
 from daedalus.engines.quality import garbage, needle_probe, perplexity_delta, temp0_identity, write_corpus
 from daedalus.engines.runner import launched
+from daedalus.errors import InputError, PresetError, maps_errors
 from daedalus.schemas.engines import (
     BenchmarkRequest,
     BenchmarkSummary,
@@ -55,32 +54,45 @@ async def _heartbeating(interval_s: float = 5.0) -> AsyncIterator[list[object]]:
             await task
 
 
-def _run_dir(kind: str, run_id: str) -> Path:
-    path = Settings().artifact_dir / "engines" / kind / run_id
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 async def _build(request: BuildRequest, latest: list[object]) -> LlamaBuild:
     def progress(done: int, total: int, line: str) -> None:
         latest[:] = [{"step": done, "of": total}]
 
-    try:
-        return await build_llama_cpp(
-            request.source or default_llama_source(), jobs=request.jobs, on_progress=progress
-        )
-    except BuildError as exc:
-        raise ApplicationError(str(exc), non_retryable=True) from exc
-    except EngineError as exc:
-        raise ApplicationError(str(exc), non_retryable=True) from exc
+    return await build_llama_cpp(
+        request.source or default_llama_source(), jobs=request.jobs, on_progress=progress
+    )
 
 
-@activity.defn(name="build_engine")
-async def build_engine(request: BuildRequest) -> BuildInfo:
-    """Build (or reuse the cached build of) llama.cpp; cancellation kills the compiler's process group."""
-    async with _heartbeating() as latest:
-        build = await _build(request, latest)
-    return BuildInfo(source=build.source, source_hash=build.source_hash, bin_dir=build.bin_dir)
+class EngineActivities:
+    """Holds the host's artifact directory; the engine cache is the one the worker's entry point configured."""
+
+    def __init__(self, artifacts: Path):
+        self.artifacts = artifacts
+
+    def _run_dir(self, kind: str, run_id: str) -> Path:
+        path = self.artifacts / "engines" / kind / run_id
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    @activity.defn(name="build_engine")
+    @maps_errors
+    async def build_engine(self, request: BuildRequest) -> BuildInfo:
+        """Build (or reuse the cached build of) llama.cpp; cancellation kills the compiler's process group."""
+        async with _heartbeating() as latest:
+            build = await _build(request, latest)
+        return BuildInfo(source=build.source, source_hash=build.source_hash, bin_dir=build.bin_dir)
+
+    @activity.defn(name="run_benchmark")
+    @maps_errors
+    async def run_benchmark(self, request: BenchmarkRequest) -> BenchmarkSummary:
+        """Benchmark a preset (A/B interleaved with a baseline, if named). A broken run is INVALID, not an error."""
+        return await _benchmark(request, self._run_dir("bench", request.run_id))
+
+    @activity.defn(name="run_quality_probe")
+    @maps_errors
+    async def run_quality_probe(self, request: ProbeRequest) -> ProbeSummary:
+        """Temp-0 identity, needle, perplexity delta or garbage screen; the full result goes to the artifact."""
+        return await _quality_probe(request, self._run_dir("probe", request.run_id))
 
 
 def _summary(bench: BenchResult, artifact: Path) -> BenchmarkSummary:
@@ -94,18 +106,12 @@ def _summary(bench: BenchResult, artifact: Path) -> BenchmarkSummary:
     )
 
 
-@activity.defn(name="run_benchmark")
-async def run_benchmark(request: BenchmarkRequest) -> BenchmarkSummary:
-    """Benchmark a preset (A/B interleaved with a baseline, if named). A broken run is INVALID, not an error."""
-    workdir = _run_dir("bench", request.run_id)
+async def _benchmark(request: BenchmarkRequest, workdir: Path) -> BenchmarkSummary:
     artifact = workdir / "bench.json"
     if artifact.is_file():
         return _summary(BenchResult.model_validate_json(artifact.read_text()), artifact)
-    try:
-        preset = load_preset(request.preset)
-        baseline = load_preset(request.baseline_preset) if request.baseline_preset else None
-    except PresetError as exc:
-        raise ApplicationError(str(exc), non_retryable=True) from exc
+    preset = load_preset(request.preset)
+    baseline = load_preset(request.baseline_preset) if request.baseline_preset else None
     async with _heartbeating() as latest:
         needs_llama = isinstance(preset, LlamaCppPreset) or isinstance(baseline, LlamaCppPreset)
         build = await _build(request.build, latest) if needs_llama else None
@@ -113,55 +119,40 @@ async def run_benchmark(request: BenchmarkRequest) -> BenchmarkSummary:
         def progress(done: int, total: int, what: str) -> None:
             latest[:] = [{"round": done, "of": total, "at": what}]
 
-        try:
-            async with contextlib.AsyncExitStack() as stack:
-                server = await stack.enter_async_context(
-                    launched(preset, request.model, workdir / "candidate", build=build)
-                )
-                base_side = None
-                if baseline is not None:
-                    base_server = await stack.enter_async_context(
-                        launched(baseline, request.model, workdir / "baseline", build=build)
-                    )
-                    base_side = Side(name=baseline.name, server=base_server)
-                bench = await benchmark(
-                    Side(name=preset.name, server=server), request.workload, run_id=request.run_id,
-                    model=str(request.model), baseline=base_side, on_progress=progress, show_progress=False,
-                )  # fmt: skip
-        except EngineError as exc:
-            raise ApplicationError(str(exc), non_retryable=True) from exc
+        # Both servers up at once only where the presets say they fit; otherwise A and B alternate.
+        bench = await bench_presets(preset, baseline, request.model, workdir, build=build,
+                                    workload=request.workload, run_id=request.run_id, on_progress=progress,
+                                    show_progress=False)  # fmt: skip
     tmp = artifact.with_suffix(".tmp")
     tmp.write_text(bench.model_dump_json(indent=2))
     tmp.rename(artifact)
     return _summary(bench, artifact)
 
 
-@activity.defn(name="run_quality_probe")
-async def run_quality_probe(request: ProbeRequest) -> ProbeSummary:
-    """Temp-0 identity, needle, perplexity delta or garbage screen; the full result goes to the artifact."""
-    workdir = _run_dir("probe", request.run_id)
+async def _quality_probe(request: ProbeRequest, workdir: Path) -> ProbeSummary:
     artifact = workdir / f"{request.probe.value}.json"
     summary_file = workdir / "summary.json"
     if summary_file.is_file():
         return ProbeSummary.model_validate_json(summary_file.read_text())
-    try:
-        preset = load_preset(request.preset)
-        baseline = load_preset(request.baseline_preset) if request.baseline_preset else None
-    except PresetError as exc:
-        raise ApplicationError(str(exc), non_retryable=True) from exc
+    preset = load_preset(request.preset)
+    baseline = load_preset(request.baseline_preset) if request.baseline_preset else None
     if not isinstance(preset, LlamaCppPreset) or (
         baseline is not None and not isinstance(baseline, LlamaCppPreset)
     ):
-        raise ApplicationError("quality probes run on llama.cpp presets on this host", non_retryable=True)
+        raise PresetError(
+            f"quality probes run on llama.cpp presets on this host; {request.preset!r}"
+            + (f" / {request.baseline_preset!r}" if request.baseline_preset else "")
+            + " is not one (a vLLM preset is measured with `daedalus engine measure` on its GPU host)"
+        )
     if request.probe in (ProbeKind.TEMP0_IDENTITY, ProbeKind.PERPLEXITY) and baseline is None:
-        raise ApplicationError(f"probe {request.probe.value} needs baseline_preset", non_retryable=True)
+        raise InputError(
+            f"probe {request.probe.value} compares against a baseline: set baseline_preset (e.g. the same "
+            "preset without the change under test)"
+        )
     async with _heartbeating() as latest:
         build = await _build(request.build, latest)
         latest[:] = [{"probe": request.probe.value}]
-        try:
-            passed, headline, body = await _probe(request, preset, baseline, build, workdir)
-        except EngineError as exc:
-            raise ApplicationError(str(exc), non_retryable=True) from exc
+        passed, headline, body = await _probe(request, preset, baseline, build, workdir)
     artifact.write_text(body)
     summary = ProbeSummary(run_id=request.run_id, probe=request.probe, artifact=artifact, passed=passed,
                            headline=headline)  # fmt: skip

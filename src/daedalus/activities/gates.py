@@ -9,7 +9,8 @@ from temporalio import activity
 
 from daedalus.activities.refs import RUN_GATE
 from daedalus.activities.workspace import Workspace
-from daedalus.agents.worktree import GitError, prepare_worktree
+from daedalus.agents.worktree import prepare_worktree
+from daedalus.errors import GitError, maps_errors
 from daedalus.gates.verdicts import decide
 from daedalus.hosts.mirrors import EngineRepoUnavailable
 from daedalus.paths import UnsafePathError, contained
@@ -24,6 +25,7 @@ class GateActivities:
         self.workspace = workspace
 
     @activity.defn(name=RUN_GATE.name)
+    @maps_errors
     async def run_gate(self, request: GateInput) -> GateResult:
         """A command that crashes or prints no valid measurement is an INVALID verdict, never a FAIL."""
         gate = request.gate

@@ -2,7 +2,7 @@
 
 It never fails a ticket: without a bot token it says `not_configured`; a permanent Slack refusal (bad token,
 unknown channel) comes back as `failed` with Slack's reason; a transient one (network, rate limit, 5xx) is
-raised for Temporal to retry, and after `TRANSIENT_ATTEMPTS` it too comes back as `failed`.
+raised as `SlackUnavailable`, which Temporal retries, and after `TRANSIENT_ATTEMPTS` it too comes back as `failed`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from temporalio import activity
 
 from daedalus.activities.refs import NOTIFY_DECISION_REQUEST
 from daedalus.decisions.schemas import DecisionRequest
+from daedalus.errors import SlackUnavailable, maps_errors
 from daedalus.schemas.notify import NotifyOutcome, NotifyResult
 from daedalus.slack.ledger import PostedLedger
 from daedalus.slack.notifier import SlackNotifier
@@ -32,6 +33,7 @@ class NotifyActivities:
         self.ledger = PostedLedger(ledger_dir)
 
     @activity.defn(name=NOTIFY_DECISION_REQUEST.name)
+    @maps_errors
     async def notify_decision_request(self, request: DecisionRequest) -> NotifyResult:
         """Post the request (or its reminder) to the configured channel; a retry finds the first post and stops."""
         return await asyncio.to_thread(self._notify, request)
@@ -57,7 +59,7 @@ class NotifyActivities:
             reason = str(error.response.get("error", "")) or f"HTTP {error.response.status_code}"
             transient = reason in TRANSIENT_ERRORS or error.response.status_code >= 500
             if transient and activity.info().attempt < TRANSIENT_ATTEMPTS:
-                raise
+                raise SlackUnavailable(f"Slack could not take {request.id} yet: {reason}") from error
             return NotifyResult(
                 outcome=NotifyOutcome.FAILED,
                 channel=settings.channel,
@@ -65,7 +67,7 @@ class NotifyActivities:
             )
         except OSError as error:  # network: URLError, timeouts, refused connections
             if activity.info().attempt < TRANSIENT_ATTEMPTS:
-                raise
+                raise SlackUnavailable(f"cannot reach Slack at {settings.base_url}: {error}") from error
             return NotifyResult(
                 outcome=NotifyOutcome.FAILED,
                 channel=settings.channel,

@@ -6,12 +6,11 @@ import asyncio
 from pathlib import Path
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
 from daedalus.activities.refs import SUPERVISE_TRAINING, TRAINING_HOST_REPORT
 from daedalus.engines.host_report import host_report
-from daedalus.engines.trainer_process import TrainingInputError
 from daedalus.engines.watchdog import supervise_segment
+from daedalus.errors import maps_errors
 from daedalus.schemas.training import HostReport, HostReportInput, SegmentReport, SuperviseInput
 
 
@@ -23,22 +22,21 @@ class TrainingActivities:
         self.state_dir = state_dir or artifact_dir / "training-state"
 
     @activity.defn(name=SUPERVISE_TRAINING.name)
+    @maps_errors
     async def supervise_training(self, inp: SuperviseInput) -> SegmentReport:
         """Start or re-attach to the incarnation, watch it for one report interval, report what it saw."""
         details = activity.info().heartbeat_details
         resume = details[0] if details and isinstance(details[0], dict) else None
-        try:
-            return await supervise_segment(
-                inp,
-                state_root=inp.spec.state_dir or self.state_dir,
-                artifact_root=inp.spec.artifact_dir or self.artifact_dir,
-                heartbeat=lambda d: activity.heartbeat(d),
-                resume=resume,
-            )
-        except TrainingInputError as exc:
-            raise ApplicationError(str(exc), type="TrainingInputError", non_retryable=True) from exc
+        return await supervise_segment(
+            inp,
+            state_root=inp.spec.state_dir or self.state_dir,
+            artifact_root=inp.spec.artifact_dir or self.artifact_dir,
+            heartbeat=lambda d: activity.heartbeat(d),
+            resume=resume,
+        )
 
     @activity.defn(name=TRAINING_HOST_REPORT.name)
+    @maps_errors
     async def training_host_report(self, inp: HostReportInput) -> HostReport:
         """The host's invisible players (earlyoom, systemd-oomd, swapoff crons) and its swap."""
         return await asyncio.to_thread(host_report, inp)

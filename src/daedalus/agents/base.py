@@ -27,14 +27,6 @@ STDERR_FILE = "stderr.log"
 TRANSCRIPT_FILE = "transcript.jsonl"
 
 
-class AgentViolation(RuntimeError):
-    """The agent did something it must not: wrote outside its worktree, ran a forbidden command."""
-
-
-class AgentConfigError(RuntimeError):
-    """The agent cannot start as configured (missing key, missing binary, unknown model)."""
-
-
 @dataclass(frozen=True)
 class RunningRecord:
     """Who is running an attempt: the agent process itself (`process`) or the worker hosting it (`worker`)."""

@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from daedalus.agents.cli import CliAgent, EventParser
-from daedalus.agents.costs import BudgetExceeded, CostMeter
+from daedalus.agents.costs import CostMeter
 from daedalus.agents.tools import Toolbox
+from daedalus.errors import BudgetExceeded
 from daedalus.schemas.agents import AgentTask
 
 WRITE_TOOLS = {"Write", "Edit", "MultiEdit", "NotebookEdit"}

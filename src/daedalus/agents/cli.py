@@ -25,17 +25,16 @@ from daedalus.agents.base import (
     RUNNING_FILE,
     STDERR_FILE,
     USAGE_FILE,
-    AgentConfigError,
-    AgentViolation,
     Heartbeat,
     RunningRecord,
     Throttle,
     make_result,
 )
-from daedalus.agents.costs import BudgetExceeded, CostMeter
+from daedalus.agents.costs import CostMeter
 from daedalus.agents.prompt import build_prompt, claimed_success
 from daedalus.agents.settings import AgentSettings
-from daedalus.agents.tools import ForbiddenCommand, PathEscape, Toolbox
+from daedalus.agents.tools import Toolbox
+from daedalus.errors import AgentConfigError, AgentViolation, BudgetExceeded, ForbiddenCommand, PathEscape
 from daedalus.processes import end_step, kill_group, step_token
 from daedalus.sandbox import Sandbox
 from daedalus.schemas.agents import AgentResult, AgentTask, ExitReason

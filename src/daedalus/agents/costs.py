@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from daedalus.errors import BudgetExceeded
 from daedalus.schemas.agents import AgentUsage, CostSource
 
 PRICES_AS_OF = "2025-10"
@@ -46,10 +47,6 @@ def price_for(model: str | None) -> Price | None:
     name = model.lower().split("/")[-1]
     matches = [key for key in PRICES if name.startswith(key)]
     return PRICES[max(matches, key=len)] if matches else None
-
-
-class BudgetExceeded(RuntimeError):
-    pass
 
 
 class CostMeter:

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from daedalus.agents.costs import CostMeter
 from daedalus.agents.settings import AgentSettings
+from daedalus.errors import LeadUnavailable
 from daedalus.schemas.agents import Narrative, SpecDraft, SpecDraftRequest
 from daedalus.schemas.ticket import TicketSpec
 
@@ -30,13 +31,9 @@ NARRATIVE_SYSTEM = (
 JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
 
 
-class LeadUnavailable(RuntimeError):
-    pass
-
-
 class LeadAgent:
-    def __init__(self, settings: AgentSettings | None = None):
-        self.settings = settings or AgentSettings()
+    def __init__(self, settings: AgentSettings):
+        self.settings = settings
 
     @property
     def provider(self) -> str:

@@ -6,10 +6,10 @@ from typing import Any
 
 import openai
 
-from daedalus.agents.base import AgentConfigError
 from daedalus.agents.costs import CostMeter
-from daedalus.agents.toolloop import SYSTEM, ApiFailure, ToolLoop, ToolLoopAgent
+from daedalus.agents.toolloop import SYSTEM, ToolLoop, ToolLoopAgent
 from daedalus.agents.tools import openai_tools
+from daedalus.errors import AgentConfigError, ApiFailure
 from daedalus.schemas.agents import AgentTask, ExitReason
 
 

@@ -28,9 +28,8 @@ class CodingAgent(Protocol):
     ) -> AgentResult: ...
 
 
-def agent_for(spec: AgentSpec, settings: AgentSettings | None = None) -> CodingAgent:
+def agent_for(spec: AgentSpec, settings: AgentSettings) -> CodingAgent:
     """The agent a spec names. Imports are deferred: the SDKs cost seconds that a CLI start should not pay."""
-    settings = settings or AgentSettings()
     match spec.name:
         case AgentName.SCRIPTED:
             from daedalus.agents.scripted import ScriptedAgent

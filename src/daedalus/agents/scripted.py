@@ -28,8 +28,8 @@ class ScriptedAgent:
     name = "scripted"
     label = LABEL
 
-    def __init__(self, settings: AgentSettings | None = None):
-        self.settings = settings or AgentSettings()
+    def __init__(self, settings: AgentSettings):
+        self.settings = settings
 
     async def run(
         self,

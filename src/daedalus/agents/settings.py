@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import re
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 DEFAULT_DENY = [
     r"\bsudo\b",
@@ -20,10 +19,11 @@ DEFAULT_DENY = [
 ]
 
 
-class AgentSettings(BaseSettings):
-    """Agent wiring. `OPENAI_API_KEY` / `ANTHROPIC_API_KEY` are honoured when the prefixed names are unset."""
+class AgentSettings(BaseModel):
+    """The `agent` section of daedalus.config.Settings (DAEDALUS_AGENT_*; OPENAI_API_KEY and ANTHROPIC_API_KEY
+    are honoured when the prefixed names are unset)."""
 
-    model_config = SettingsConfigDict(env_prefix="DAEDALUS_AGENT_", extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     codex_bin: str = "codex"
     codex_args: list[str] = Field(
@@ -37,17 +37,13 @@ class AgentSettings(BaseSettings):
     )
     claude_budget_flag: bool = Field(default=True, description="pass --max-budget-usd to claude as well")
     openai_base_url: str | None = None
-    openai_api_key: SecretStr | None = Field(
-        default=None, validation_alias=AliasChoices("DAEDALUS_AGENT_OPENAI_API_KEY", "OPENAI_API_KEY")
-    )
+    openai_api_key: SecretStr | None = None
     openai_model: str = "gpt-5-codex"
     openai_priced: bool | None = Field(
         default=None, description="estimate cost from the price table; None = only for api.openai.com"
     )
     anthropic_base_url: str | None = None
-    anthropic_api_key: SecretStr | None = Field(
-        default=None, validation_alias=AliasChoices("DAEDALUS_AGENT_ANTHROPIC_API_KEY", "ANTHROPIC_API_KEY")
-    )
+    anthropic_api_key: SecretStr | None = None
     anthropic_model: str = "claude-sonnet-4-5"
     request_timeout_s: float = Field(default=120.0, gt=0)
     max_retries: int = Field(default=3, ge=0, description="SDK retries on 429/5xx/timeouts, with backoff")

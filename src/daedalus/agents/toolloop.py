@@ -18,17 +18,24 @@ from daedalus.agents.base import (
     RUNNING_FILE,
     TRANSCRIPT_FILE,
     USAGE_FILE,
-    AgentConfigError,
-    AgentViolation,
     Heartbeat,
     RunningRecord,
     command_sandbox,
     make_result,
 )
-from daedalus.agents.costs import BudgetExceeded, CostMeter
+from daedalus.agents.costs import CostMeter
 from daedalus.agents.prompt import build_prompt, claimed_success
 from daedalus.agents.settings import AgentSettings
-from daedalus.agents.tools import ForbiddenCommand, PathEscape, Toolbox, ToolError
+from daedalus.agents.tools import Toolbox
+from daedalus.errors import (
+    AgentConfigError,
+    AgentViolation,
+    ApiFailure,
+    BudgetExceeded,
+    ForbiddenCommand,
+    PathEscape,
+    ToolError,
+)
 from daedalus.schemas.agents import AgentResult, AgentTask, ExitReason
 
 log = structlog.get_logger(__name__)
@@ -37,14 +44,6 @@ SYSTEM = (
     "You are a careful coding agent working in one git worktree of an inference-engine repository. "
     "Use the tools to read, change and test the code; keep the change minimal; commit it with git when done."
 )
-
-
-class ApiFailure(RuntimeError):
-    """A provider call failed for good (after the SDK's retries); `reason` says how to record it."""
-
-    def __init__(self, message: str, reason: ExitReason = ExitReason.FAILED):
-        super().__init__(message)
-        self.reason = reason
 
 
 class Transcript:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from daedalus.errors import ForbiddenCommand, PathEscape, ToolError
 from daedalus.processes import end_step, step_token
 from daedalus.sandbox import Sandbox
 
@@ -29,18 +30,6 @@ MAX_OUTPUT = 8_000
 CHUNK = 64 * 1024
 # Absolute paths a command may name without escaping the worktree: system tools, never user data.
 READ_ONLY_PREFIXES = ("/usr/", "/bin/", "/lib", "/opt/", "/dev/null", "/etc/alternatives/")
-
-
-class ToolError(Exception):
-    """A tool call the agent got wrong; the message goes back to the model so it can correct itself."""
-
-
-class PathEscape(ToolError):
-    pass
-
-
-class ForbiddenCommand(ToolError):
-    pass
 
 
 TOOL_SPECS: list[dict[str, Any]] = [

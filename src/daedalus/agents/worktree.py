@@ -5,9 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-
-class GitError(RuntimeError):
-    pass
+from daedalus.errors import GitError
 
 
 def git(*args: str, cwd: Path | str) -> str:

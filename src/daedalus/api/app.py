@@ -22,11 +22,12 @@ def create_app(
     control_queue: str,
     client: Client | None = None,
     client_factory: ClientFactory | None = None,
-    settings: ApiSettings | None = None,
-    slack: SlackSettings | None = None,
+    settings: ApiSettings,
+    slack: SlackSettings,
     max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
-    """The API over one Temporal client (given, or connected on first use by `client_factory`) and one store."""
+    """The API over one Temporal client (given, or connected on first use by `client_factory`) and one store;
+    its settings come from the entry point (`daedalus api serve` builds them once)."""
     if (client is None) == (client_factory is None):
         raise ValueError("create_app needs exactly one of `client` and `client_factory`")
     if client is not None:
@@ -48,8 +49,8 @@ def create_app(
     app.state.daedalus = ApiContext(
         engine=engine,
         control_queue=control_queue,
-        settings=settings if settings is not None else ApiSettings(),
-        slack=slack if slack is not None else SlackSettings(),
+        settings=settings,
+        slack=slack,
         client_factory=client_factory,
     )
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)

@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 from temporalio.client import Client
 
 from daedalus.api.settings import ApiSettings
-from daedalus.services import TicketError
+from daedalus.errors import TicketError
 from daedalus.slack.settings import SlackSettings
 
 ClientFactory = Callable[[], Awaitable[Client]]

@@ -13,11 +13,11 @@ from daedalus.api.context import Caller, Context, TemporalClient, require_same_p
 from daedalus.api.errors import refusal, within
 from daedalus.api.models import DecisionPublic
 from daedalus.decisions.schemas import Decision
+from daedalus.errors import TicketError
 from daedalus.ids import training_workflow_id
 from daedalus.schemas.campaigns import CampaignStatus
 from daedalus.schemas.ticket import TicketState
 from daedalus.schemas.training import TrainingRunStatus
-from daedalus.services import TicketError
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 from daedalus.workflows.training import TrainingRunWorkflow

@@ -14,7 +14,8 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from daedalus.services import TicketError, UnknownRequest
+from daedalus.errors import TicketError
+from daedalus.services import UnknownRequest
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)

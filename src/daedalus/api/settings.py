@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import re
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from daedalus.schemas.ticket import PERSON_PATTERN
 
 
-class ApiSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="DAEDALUS_API_", env_file=".env", extra="ignore")
+class ApiSettings(BaseModel):
+    """The `api` section of daedalus.config.Settings (DAEDALUS_API_*)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     tokens: dict[str, str] = Field(
         default_factory=dict, description='bearer token -> Daedalus person, e.g. {"s3cret": "wayne"}'

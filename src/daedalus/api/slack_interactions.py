@@ -15,10 +15,10 @@ from temporalio.client import Client
 
 from daedalus import services as tickets
 from daedalus.api.context import ApiContext, Context
+from daedalus.errors import BadButton, TicketError
 from daedalus.escaping import for_slack
 from daedalus.schemas.ticket import Decision
-from daedalus.services import TicketError
-from daedalus.slack.blocks import BadButton, is_decision_action, parse_button_value
+from daedalus.slack.blocks import is_decision_action, parse_button_value
 from daedalus.slack.notifier import answer_interaction
 
 router = APIRouter(prefix="/slack", tags=["slack"])

@@ -13,6 +13,7 @@ from daedalus import services as tickets
 from daedalus.api.context import Caller, Context, TemporalClient, require_same_person
 from daedalus.api.errors import refusal, status_for, within
 from daedalus.api.models import Delegated, TicketDetail, TicketFiled, TicketSummary, VerdictPublic
+from daedalus.errors import TicketError
 from daedalus.ids import ticket_workflow_id
 from daedalus.schemas.ticket import (
     TICKET_ID_PATTERN,
@@ -23,7 +24,6 @@ from daedalus.schemas.ticket import (
     TicketState,
     TicketStatus,
 )
-from daedalus.services import TicketError
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 

@@ -19,7 +19,9 @@ from daedalus.cli import (
     stack,
     tickets,
     training,
+    verdicts,
 )
+from daedalus.cli._common import settings
 from daedalus.logs import configure_logging
 
 app = typer.Typer(
@@ -28,6 +30,14 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+
+
+@app.callback()
+def _settings() -> None:
+    """Durable, auditable tickets for an ML-inference team, on Temporal."""
+    settings()  # once, before any command: a bad DAEDALUS_* value stops here with its name
+
+
 app.command()(stack.up)
 app.command()(stack.worker)
 app.command()(tickets.decide)
@@ -45,6 +55,7 @@ app.add_typer(hosts.app, name="hosts")
 app.add_typer(host_bundle.app, name="host")
 app.add_typer(lessons.app, name="lessons")
 app.add_typer(campaigns.app, name="campaign")
+app.add_typer(verdicts.app, name="verdict")
 
 
 def main() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 from collections.abc import Coroutine
 from typing import Any, NoReturn, TypeVar
@@ -13,8 +14,10 @@ from sqlalchemy import Engine
 from temporalio.client import Client
 
 from daedalus.config import Settings
+from daedalus.engines import paths
+from daedalus.errors import BadSettings, TicketError
 from daedalus.escaping import for_terminal
-from daedalus.services import TicketError, connect
+from daedalus.services import connect
 from daedalus.store.database import make_engine, migrate
 
 T = TypeVar("T")
@@ -37,12 +40,23 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
         fail(str(error))
 
 
-async def client(settings: Settings | None = None) -> Client:
-    settings = settings or Settings()
-    return await connect(settings.address, settings.namespace)
+@functools.cache
+def settings() -> Settings:
+    """The CLI's one Settings, built on first use from the environment and .env; a bad value ends in exit 2."""
+    try:
+        built = Settings.load()
+    except BadSettings as error:
+        fail(str(error))
+    paths.configure(built.engines)
+    return built
 
 
-def store(settings: Settings | None = None) -> Engine:
-    engine = make_engine((settings or Settings()).store_url)
+async def client(settings_: Settings | None = None) -> Client:
+    temporal = (settings_ or settings()).temporal
+    return await connect(temporal.target, temporal.namespace)
+
+
+def store(settings_: Settings | None = None) -> Engine:
+    engine = make_engine((settings_ or settings()).store_url)
     migrate(engine)
     return engine

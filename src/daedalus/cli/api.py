@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import typer
-from pydantic import ValidationError
 
-from daedalus.cli._common import client, console, fail, store
-from daedalus.config import Settings
+from daedalus.cli import _common
+from daedalus.cli._common import client, console, store
 
 app = typer.Typer(help="The HTTP API.", no_args_is_help=True)
 
@@ -27,15 +26,9 @@ def serve(
     from temporalio.client import Client
 
     from daedalus.api.app import create_app
-    from daedalus.api.settings import ApiSettings
-    from daedalus.slack.settings import SlackSettings
 
-    settings = Settings()
-    try:
-        api_settings, slack_settings = ApiSettings(), SlackSettings()
-    except ValidationError as error:
-        fail(f"bad API or Slack settings: {error}")
-    if not api_settings.tokens:
+    settings = _common.settings()
+    if not settings.api.tokens:
         console.print(
             "[yellow]DAEDALUS_API_TOKENS is empty: every endpoint but /docs will answer 401[/yellow]"
         )
@@ -45,10 +38,12 @@ def serve(
 
     application = create_app(
         engine=store(settings),
-        control_queue=settings.control_queue,
+        control_queue=settings.temporal.control_queue,
         client_factory=connect,
-        settings=api_settings,
-        slack=slack_settings,
+        settings=settings.api,
+        slack=settings.slack,
     )
-    console.print(f"Daedalus API on http://{host}:{port} (docs at /docs); Temporal at {settings.address}")
+    console.print(
+        f"Daedalus API on http://{host}:{port} (docs at /docs); Temporal at {settings.temporal.target}"
+    )
     uvicorn.run(application, host=host, port=port)

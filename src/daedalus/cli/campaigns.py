@@ -12,8 +12,8 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from daedalus.cli import _common
 from daedalus.cli._common import client, console, fail, run
-from daedalus.config import Settings
 from daedalus.schemas.campaigns import CampaignInput, CampaignStatus, campaign_workflow_id
 from daedalus.workflows.campaign import CampaignWorkflow
 
@@ -34,16 +34,16 @@ def start(
         spec = load_campaign(file)
     except CampaignSpecError as error:
         fail(str(error))
-    settings = Settings()
+    settings = _common.settings()
 
     async def go() -> str:
         handle: WorkflowHandle[CampaignWorkflow, CampaignStatus] = await (
             await client(settings)
         ).start_workflow(
             CampaignWorkflow.run,
-            CampaignInput(spec=spec, control_queue=settings.control_queue, filed_by=as_),
+            CampaignInput(spec=spec, control_queue=settings.temporal.control_queue, filed_by=as_),
             id=campaign_workflow_id(spec.id),
-            task_queue=settings.control_queue,
+            task_queue=settings.temporal.control_queue,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
             id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
         )

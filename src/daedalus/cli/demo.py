@@ -17,10 +17,11 @@ import typer
 from sqlalchemy import Engine
 
 from daedalus import services as tickets
+from daedalus.cli import _common
 from daedalus.cli._common import console, fail, run
 from daedalus.cli.tickets import print_audit, print_state
 from daedalus.config import Settings
-from daedalus.devserver import DevServerError
+from daedalus.errors import DevServerError, EngineError, TicketError
 from daedalus.escaping import for_terminal as shown
 from daedalus.ports import port_is_open
 from daedalus.schemas.ticket import Decision, DecisionKind, TicketSpec, TicketState
@@ -38,13 +39,12 @@ def demo(
 ) -> None:
     """Run the local example ticket through dispatch, build, gates and close; print its audit trail."""
     from daedalus.engines.measure import ensure_build  # the engine stack loads only when a command needs it
-    from daedalus.engines.process import EngineError
     from daedalus.engines.tiny_model import ensure_model
 
-    settings = Settings()
+    settings = _common.settings()
     try:
         spec = tickets.load_spec(ticket)
-    except tickets.TicketError as error:
+    except TicketError as error:
         fail(str(error))
     console.rule("[bold]Daedalus demo")
     console.print(
@@ -61,7 +61,7 @@ def demo(
     console.print(
         f"2. the serving-config repo the scripted agent will patch: {spec.engine.repo if spec.engine else '-'}"
     )
-    embedded = not port_is_open(settings.temporal_port) and settings.temporal_address is None
+    embedded = not port_is_open(settings.temporal.port) and settings.temporal.address is None
     try:
         state = run(_drive(spec, settings, embedded))
     except DevServerError as error:
@@ -101,13 +101,15 @@ async def _drive(spec: TicketSpec, settings: Settings, embedded: bool) -> Ticket
         where = (
             "embedded dev server (SQLite under .daedalus/)"
             if embedded
-            else f"the server at {settings.address}"
+            else f"the server at {settings.temporal.target}"
         )
         console.print(f"3. Temporal: {where}; workers for the control queue and host-{spec.host}")
-        handle = await tickets.file_ticket(stack.client, spec, queue=settings.control_queue, filed_by="demo")
+        handle = await tickets.file_ticket(
+            stack.client, spec, queue=settings.temporal.control_queue, filed_by="demo"
+        )
         console.print(f"4. filed ticket [bold]{shown(spec.id)}[/bold] as workflow {shown(handle.id)}")
         console.print(
-            f"   Temporal UI: http://localhost:{settings.ui_port}/namespaces/{settings.namespace}/workflows/{handle.id}"
+            f"   Temporal UI: http://localhost:{settings.temporal.ui_port}/namespaces/{settings.temporal.namespace}/workflows/{handle.id}"
         )
         console.print('   (List filter in the UI: DaedalusTicketId="' + spec.id + '")')
         assert stack.engine is not None

@@ -17,9 +17,9 @@ from daedalus.engines.llama_build import BACKENDS, Backend, BuildConfig, build_l
 from daedalus.engines.measure import build_config_for, ensure_build
 from daedalus.engines.paths import default_llama_source
 from daedalus.engines.presets import load_preset
-from daedalus.engines.process import EngineError
 from daedalus.engines.runner import launched
 from daedalus.engines.tiny_model import MODELS, ensure_model
+from daedalus.errors import EngineError
 from daedalus.escaping import for_terminal
 from daedalus.schemas.engines import Workload
 
@@ -114,7 +114,8 @@ def bench(
         for r in result.results + result.baseline_results:
             s = r.decode_summary
             table.add_row(r.preset, str(r.users), f"{s.median:.1f}" if s else "-",
-                          f"[{s.ci_low:.1f}, {s.ci_high:.1f}]" if s else "-", f"{s.cv:.3f}" if s else "-",
+                          f"[{s.ci_low:.1f}, {s.ci_high:.1f}]" if s and s.ci_low is not None and s.ci_high is not None
+                          else "too few rounds" if s else "-", f"{s.cv:.3f}" if s else "-",
                           f"{sorted(r.ttft_ms)[len(r.ttft_ms) // 2]:.1f}" if r.ttft_ms else "-",
                           r.timing_source)  # fmt: skip
         Console().print(table)

@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from daedalus.cli import _common
 from daedalus.cli._common import client, console, fail, run
 from daedalus.config import Settings
 from daedalus.hosts.registry import Registry, RegistryError, load_registry
@@ -115,7 +116,7 @@ def hosts(
     """Each host in hosts.yaml: workers polling its queue, last seen, leases held and waiting, tenants."""
     if context.invoked_subcommand is not None:
         return
-    settings = Settings()
+    settings = _common.settings()
     registry = _registry(settings)
     if host is not None:
         try:
@@ -124,7 +125,7 @@ def hosts(
             fail(str(error))
 
     async def go() -> list[HostView]:
-        return await describe_hosts(await client(settings), registry, settings.namespace)
+        return await describe_hosts(await client(settings), registry, settings.temporal.namespace)
 
     views = run(go())
     if as_json:
@@ -144,7 +145,7 @@ def tenant(
     """Tell the keeper a tenant's own work arrived (revokes lower-priority leases on its GPUs) or ended."""
     from daedalus.hosts import holder
 
-    settings = Settings()
+    settings = _common.settings()
     try:
         _registry(settings).host(host)
     except RegistryError as error:
@@ -167,7 +168,7 @@ def lift(ticket: Annotated[str, typer.Option(help="the ticket that passed")]) ->
     """Lift now the standing constraints bound to a ticket that passed (keepers also see it in the store)."""
     from daedalus.hosts import holder
 
-    settings = Settings()
+    settings = _common.settings()
     registry = _registry(settings)
 
     async def go() -> None:

@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
+from daedalus.cli import _common
 from daedalus.cli._common import client, console, fail, run
-from daedalus.config import Settings
 
 
 def report_schedule(
@@ -26,12 +26,12 @@ def report_schedule(
         interval, covered = parse_window(every), parse_window(window)
     except Exception as error:  # parse_window speaks HTTP; say the same here
         fail(str(getattr(error, "detail", error)).replace("since=", "").replace("a window", "a duration"))
-    settings = Settings()
+    settings = _common.settings()
 
     async def create() -> str:
         handle = await ensure_digest_schedule(
             await client(settings),
-            control_queue=settings.control_queue,
+            control_queue=settings.temporal.control_queue,
             every=interval,
             request=DigestInput(window_hours=covered.total_seconds() / 3600, link=link),
         )

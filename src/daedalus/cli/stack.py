@@ -8,9 +8,10 @@ from typing import Annotated
 
 import typer
 
+from daedalus.cli import _common
 from daedalus.cli._common import console, fail, run
 from daedalus.config import Settings
-from daedalus.devserver import DevServerError
+from daedalus.errors import DevServerError
 
 
 async def _serve_forever(settings: Settings, hosts: list[str], control: bool, embedded: bool) -> None:
@@ -29,7 +30,8 @@ async def _serve_forever(settings: Settings, hosts: list[str], control: bool, em
         if stack.ui_url:
             console.print(f"Temporal UI: [bold]{stack.ui_url}[/bold]  (Ctrl-C or SIGTERM stops everything)")
         console.print(
-            f"Temporal at {settings.address}; control queue {settings.control_queue}; hosts {hosts}"
+            f"Temporal at {settings.temporal.target}; control queue {settings.temporal.control_queue}; "
+            f"hosts {hosts}"
         )
         await stop.wait()
     console.print("stopped")
@@ -51,9 +53,10 @@ def up(
     host: Annotated[list[str] | None, typer.Option(help="GPU hosts whose queues this machine serves")] = None,
 ) -> None:
     """Start the embedded Temporal (SQLite under .daedalus/, UI on :8233), the store and the workers."""
-    settings = Settings()
+    settings = _common.settings()
     if temporal_address:
-        settings = settings.model_copy(update={"temporal_address": temporal_address})
+        temporal = settings.temporal.model_copy(update={"address": temporal_address})
+        settings = settings.model_copy(update={"temporal": temporal})
     _run_until_interrupted(settings, host or [settings.host], control=True, embedded=temporal_address is None)
 
 
@@ -62,7 +65,7 @@ def worker(
     control: Annotated[bool, typer.Option(help="also run the control queue (workflows, store)")] = False,
 ) -> None:
     """Run workers against an already running Temporal (DAEDALUS_TEMPORAL_ADDRESS or 127.0.0.1:7233)."""
-    settings = Settings()
+    settings = _common.settings()
     if not host and not control:
         fail("nothing to run: pass --host NAME for a GPU host's queue and/or --control for the control queue")
     _run_until_interrupted(settings, host or [], control=control, embedded=False)

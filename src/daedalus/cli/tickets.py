@@ -15,8 +15,7 @@ from rich.markdown import Markdown
 from rich.table import Table
 
 from daedalus import services as tickets
-from daedalus.cli._common import client, console, fail, run, store
-from daedalus.config import Settings
+from daedalus.cli._common import client, console, fail, run, settings, store
 from daedalus.escaping import for_terminal as shown
 from daedalus.hosts.registry import RegistryError, load_registry
 from daedalus.schemas.ticket import (
@@ -54,22 +53,22 @@ def create(
         spec = tickets.load_spec(file)
     except TicketError as error:
         fail(str(error))
-    settings = Settings()
+    temporal = settings().temporal
     try:
-        hosts = load_registry(settings.hosts_file)
+        hosts = load_registry(settings().hosts_file)
     except RegistryError as error:
         fail(str(error))
 
     async def go() -> str:
         handle = await tickets.file_ticket(
-            await client(settings), spec, queue=settings.control_queue, filed_by=filed_by, hosts=hosts
+            await client(), spec, queue=temporal.control_queue, filed_by=filed_by, hosts=hosts
         )
         return handle.id
 
     workflow_id = run(go())
     console.print(f"filed ticket [bold]{shown(spec.id)}[/bold] as workflow {shown(workflow_id)}")
     console.print(
-        f"  watch: daedalus ticket show {spec.id}   UI: http://localhost:{settings.ui_port}/namespaces/default/workflows/{workflow_id}"
+        f"  watch: daedalus ticket show {spec.id}   UI: http://localhost:{temporal.ui_port}/namespaces/{temporal.namespace}/workflows/{workflow_id}"
     )
 
 
@@ -96,10 +95,9 @@ def list_(status: Annotated[str | None, typer.Option(help="only tickets in this 
 @app.command()
 def show(ticket_id: str) -> None:
     """Status, attempts, verdicts and the pending decision of one ticket."""
-    settings = Settings()
 
     async def go() -> TicketState:
-        return await tickets.status(await client(settings), ticket_id)
+        return await tickets.status(await client(), ticket_id)
 
     print_state(run(go()))
 
@@ -293,7 +291,7 @@ def report(
     if narrate:
         from daedalus.agents.lead import LeadAgent
 
-        narrative = run(LeadAgent().narrative(built.facts()))
+        narrative = run(LeadAgent(settings().agent).narrative(built.facts()))
         built.narrative, built.narrative_note = narrative.lines, narrative.note
     text = render_markdown(built)
     if html is not None:
@@ -323,7 +321,7 @@ def draft(
 
         lessons = lesson_lines(engine=store(), query=LessonQuery(host=host))
     drafted = run(
-        LeadAgent().draft_spec(
+        LeadAgent(settings().agent).draft_spec(
             SpecDraftRequest(request=request, ticket_id=ticket_id, host=host, lessons=lessons)
         )
     )

@@ -9,26 +9,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
-import httpx
 import structlog
 from rich.progress import Progress
 
-from daedalus.engines.base import Server, ServerDied
-from daedalus.engines.metrics import counter
+from daedalus.engines.base import Server
+from daedalus.engines.metrics import SpecCounters, counter, spec_counters
 from daedalus.engines.tiny_model import _WORDS
+from daedalus.errors import EngineError
 from daedalus.gates.statistics import summarize
 from daedalus.schemas.engines import (
     BenchResult,
     ConcurrencyResult,
-    RequestSample,
+    LlamaCppPreset,
     RoundResult,
     Summary,
     Workload,
@@ -46,134 +47,48 @@ def make_prompt(words: int, *, seed: int, round_no: int, user: int, side: str) -
     return " ".join(rng.choice(_WORDS) for _ in range(words))
 
 
-async def _sse_events(response: httpx.Response) -> AsyncIterator[dict[str, object]]:
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == "[DONE]":
-            return
-        yield json.loads(payload)
-
-
-async def stream_completion(
-    client: httpx.AsyncClient,
-    base_url: str,
-    *,
-    model: str,
-    prompt: str,
-    max_tokens: int,
-    seed: int,
-    user: int,
-    extra: dict[str, object],
-) -> RequestSample:
-    """One streamed /v1/completions request at temperature 0 with ignore_eos, timed from the client."""
-    body: dict[str, object] = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-        "seed": seed,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "ignore_eos": True,
-        **extra,
-    }
-    start = time.perf_counter()
-    first: float | None = None
-    chunks = 0
-    text: list[str] = []
-    usage_tokens: int | None = None
-    timings: dict[str, float] = {}
-    try:
-        async with client.stream("POST", base_url + "/v1/completions", json=body) as response:
-            if response.status_code != 200:
-                detail = (await response.aread()).decode(errors="replace")[:300]
-                return RequestSample(user=user, ok=False, error=f"HTTP {response.status_code}: {detail}")
-            async for event in _sse_events(response):
-                choices = event.get("choices") or []
-                if isinstance(choices, list) and choices:
-                    piece = choices[0].get("text") or ""
-                    if piece:
-                        chunks += 1
-                        text.append(piece)
-                        if first is None:
-                            first = time.perf_counter()
-                usage = event.get("usage")
-                if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
-                    usage_tokens = int(usage["completion_tokens"])
-                raw_timings = event.get("timings")
-                if isinstance(raw_timings, dict):
-                    timings = {k: float(v) for k, v in raw_timings.items() if isinstance(v, int | float)}
-    except (httpx.HTTPError, json.JSONDecodeError) as exc:
-        return RequestSample(user=user, ok=False, error=f"{type(exc).__name__}: {exc}")
-    end = time.perf_counter()
-    tokens = usage_tokens if usage_tokens is not None else int(timings.get("predicted_n", 0))
-    e2e_ms = (end - start) * 1000
-    ttft_ms = (first - start) * 1000 if first is not None else None
-    tpot_ms = (e2e_ms - ttft_ms) / (tokens - 1) if ttft_ms is not None and tokens > 1 else None
-    prompt_ms = timings.get("prompt_ms")
-    prompt_n = timings.get("prompt_n")
-    return RequestSample(
-        user=user,
-        ok=first is not None,
-        error=None if first is not None else "no content chunk was streamed",
-        ttft_ms=ttft_ms,
-        e2e_ms=e2e_ms,
-        tpot_ms=tpot_ms,
-        completion_tokens=tokens,
-        content_chunks=chunks,
-        client_decode_tps=1000.0 / tpot_ms if tpot_ms else None,
-        server_decode_tps=timings.get("predicted_per_second"),
-        server_prompt_ms=prompt_ms,
-        server_prompt_tps=(prompt_n / prompt_ms * 1000) if prompt_ms and prompt_n else None,
-        server_predicted_n=int(timings["predicted_n"]) if "predicted_n" in timings else None,
-        text="".join(text),
-    )
-
-
 @dataclass
 class Side:
     """One side of a benchmark (the candidate, or the A/B baseline) on its own launched server."""
 
     name: str
     server: Server
-    model_name: str = "default"
     rounds: list[RoundResult] = field(default_factory=list)
     peak_deferred: float = 0.0
     cached_before: float = 0.0
     preempted_before: float = 0.0
-
-
-def request_extras(side: Side) -> dict[str, object]:
-    # llama.cpp reuses a common prompt prefix (even the BOS token) unless told not to; a benchmark must not.
-    from daedalus.engines.llama_cpp import LlamaCppAdapter
-
-    return {"cache_prompt": False} if isinstance(side.server.adapter, LlamaCppAdapter) else {}
+    cached: int = 0
+    preempted: int = 0
 
 
 async def run_round(
-    client: httpx.AsyncClient, side: Side, workload: Workload, users: int, round_no: int, warmup: bool
+    side: Side, workload: Workload, users: int, round_no: int, warmup: bool, executor: Executor | None = None
 ) -> RoundResult:
+    """One round: `users` streamed requests at once, each on its own thread (see engines/openai_api.py)."""
     side.server.check_alive()
+    api = side.server.endpoint(workload.request_timeout_s)
+    await api.served_model()
+    own = executor is None
+    pool = executor or ThreadPoolExecutor(max_workers=users, thread_name_prefix="bench-user")
     started = time.perf_counter()
-    requests = await asyncio.gather(
-        *(
-            stream_completion(
-                client,
-                side.server.base_url,
-                model=side.model_name,
-                prompt=make_prompt(
-                    workload.prompt_words, seed=workload.seed, round_no=round_no, user=u, side=side.name
-                ),
-                max_tokens=workload.max_tokens,
-                seed=workload.seed,
-                user=u,
-                extra=request_extras(side),
+    try:
+        requests = await asyncio.gather(
+            *(
+                api.stream_completion(
+                    make_prompt(
+                        workload.prompt_words, seed=workload.seed, round_no=round_no, user=u, side=side.name
+                    ),
+                    max_tokens=workload.max_tokens,
+                    seed=workload.seed,
+                    user=u,
+                    executor=pool,
+                )
+                for u in range(users)
             )
-            for u in range(users)
         )
-    )
+    finally:
+        if own:
+            pool.shutdown(wait=False)
     wall = time.perf_counter() - started
     return RoundResult(
         round=round_no, users=users, preset=side.name, warmup=warmup, wall_s=wall, requests=list(requests)
@@ -223,15 +138,56 @@ def concurrency_result(side: Side, users: int) -> ConcurrencyResult:
     )
 
 
+def _may_defer(side: Side, users: int) -> bool:
+    """Only llama.cpp defers requests, and only with more than one user in flight: a single user's request
+    always has its slot. Polling where nothing can be deferred costs the measuring client CPU per token
+    (at 60 tok/s, a 0.5 s poll was a quarter of it)."""
+    return isinstance(side.server.adapter.preset, LlamaCppPreset) and users > 1
+
+
 async def _watch_deferred(sides: Sequence[Side], stop: asyncio.Event) -> None:
-    """llama.cpp has no preemption; a request deferred for want of a slot is the equivalent failure."""
+    """llama.cpp has no preemption; a request deferred for want of a slot is the equivalent failure.
+    `requests_deferred` is a gauge, so it is polled while requests are in flight."""
     while not stop.is_set():
         for side in sides:
-            with contextlib.suppress(httpx.HTTPError):
+            with contextlib.suppress(EngineError):
                 values = await side.server.metrics()
                 side.peak_deferred = max(side.peak_deferred, values.get("llamacpp:requests_deferred", 0.0))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=0.5)
+
+
+def _speculates(side: Side) -> bool:
+    preset = side.server.adapter.preset
+    if isinstance(preset, LlamaCppPreset):
+        return preset.draft is not None
+    return preset.speculative is not None
+
+
+async def _spec(side: Side) -> SpecCounters | None:
+    """The side's speculative-decoding counters (None when it does not speculate, or /metrics is unreadable)."""
+    if not _speculates(side):
+        return None
+    try:
+        return spec_counters(await asyncio.to_thread(side.server.metrics_text))
+    except EngineError:
+        return None
+
+
+def _with_acceptance(
+    result: RoundResult, before: SpecCounters | None, after: SpecCounters | None
+) -> RoundResult:
+    """A round's acceptance length and per-position acceptance, from the counters' deltas over the round."""
+    if before is None or after is None:
+        return result
+    delta = after.since(before)
+    if delta.acceptance_length is None:
+        return result
+    positions = range(1, max(delta.accepted_per_position, default=-1) + 2)
+    return result.model_copy(update={
+        "acceptance_length": delta.acceptance_length,
+        "position_acceptance": [delta.position_acceptance(k) or 0.0 for k in positions],
+    })  # fmt: skip
 
 
 async def _counters(side: Side) -> tuple[float, float]:
@@ -240,6 +196,42 @@ async def _counters(side: Side) -> tuple[float, float]:
         values, "vllm:prefix_cache_hits_total"
     )
     return cached, counter(values, "vllm:num_preemptions_total")
+
+
+def _slot_problems(side: Side, workload: Workload) -> list[str]:
+    slots = getattr(side.server.adapter.preset, "parallel", None)
+    # More users than llama.cpp slots means queued (deferred) requests, however briefly: not "N at once".
+    if slots is not None and max(workload.users) > slots:
+        return [f"{side.name}: {max(workload.users)} users but {slots} slots; requests would be deferred"]
+    return []
+
+
+async def _measure_round(
+    side: Side, workload: Workload, users: int, round_no: int, warmup: bool, pool: Executor
+) -> float:
+    """Run one round on `side` and keep it; returns the client CPU it cost when measured (0 for a warm-up)."""
+    spec_before = await _spec(side)
+    cpu_before = time.process_time()
+    measured = await run_round(side, workload, users, round_no, warmup, pool)
+    cpu = time.process_time() - cpu_before if not warmup else 0.0
+    side.rounds.append(_with_acceptance(measured, spec_before, await _spec(side)))
+    return cpu
+
+
+async def _settle(side: Side, invalid: list[str]) -> None:
+    """At the end of a residency: record a death, and add the counters' deltas since it started."""
+    code = side.server.process.returncode()
+    if code is not None:
+        reason = f"{side.name}: the server died (exit code {code}); log kept at {side.server.log_path}"
+        if not any(reason in r for r in invalid):
+            invalid.append(reason)
+        return
+    with contextlib.suppress(EngineError):
+        cached_after, preempted_after = await _counters(side)
+        side.cached += int(cached_after - side.cached_before)
+        side.preempted += int(preempted_after - side.preempted_before)
+    side.preempted += int(side.peak_deferred)
+    side.peak_deferred = 0.0
 
 
 async def benchmark(
@@ -252,60 +244,127 @@ async def benchmark(
     on_progress: ProgressFn | None = None,
     show_progress: bool | None = None,
 ) -> BenchResult:
-    """Warm up, then run measured rounds for each concurrency; with a baseline, interleave A B A B.
+    """Both sides resident at once: warm up, then measured rounds for each concurrency, interleaved A B B A.
 
-    A server that dies, a failed request or a wrong token count makes the result INVALID (never a low number).
+    Use it for an A/B only where the preset says both fit (see `benchmark_alternating` otherwise). A server
+    that dies, a failed request or a wrong token count makes the result INVALID (never a low number).
     """
     sides = [candidate] if baseline is None else [candidate, baseline]
-    invalid: list[str] = []
-    for side in sides:
-        slots = getattr(side.server.adapter.preset, "parallel", None)
-        # More users than llama.cpp slots means queued (deferred) requests, however briefly: not "N at once".
-        if slots is not None and max(workload.users) > slots:
-            invalid.append(
-                f"{side.name}: {max(workload.users)} users but {slots} slots; requests would be deferred"
-            )
-    per_side = (workload.warmup_rounds + workload.rounds) * len(workload.users)
-    total = per_side * len(sides)
+    invalid = [problem for side in sides for problem in _slot_problems(side, workload)]
+    total = (workload.warmup_rounds + workload.rounds) * len(workload.users) * len(sides)
     done = 0
     show = sys.stderr.isatty() if show_progress is None else show_progress
     stop = asyncio.Event()
     watcher: asyncio.Task[None] | None = None
-    limits = httpx.Limits(max_connections=max(workload.users) * 2 + 4)
-    timeout = httpx.Timeout(workload.request_timeout_s, connect=10.0)
+    client_cpu_s = (
+        0.0  # this process's CPU during measured rounds: request threads, event loop, /metrics watcher
+    )
     with Progress(disable=not show, transient=True) as bar:
         task = bar.add_task(f"bench {candidate.name}", total=total)
-        async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        with ThreadPoolExecutor(max_workers=max(workload.users), thread_name_prefix="bench-user") as pool:
             try:
                 for side in sides:
                     side.cached_before, side.preempted_before = await _counters(side)
                 for users in workload.users:
                     for round_no in range(workload.warmup_rounds + workload.rounds):
                         warmup = round_no < workload.warmup_rounds
-                        if not warmup and watcher is None:
+                        if not warmup and watcher is None and any(_may_defer(s, users) for s in sides):
                             watcher = asyncio.create_task(_watch_deferred(sides, stop))
                         # Alternate which side goes first so neither always runs on a warmer machine.
                         order = sides if round_no % 2 == 0 else list(reversed(sides))
                         for side in order:
-                            side.rounds.append(
-                                await run_round(client, side, workload, users, round_no, warmup)
+                            client_cpu_s += await _measure_round(
+                                side, workload, users, round_no, warmup, pool
                             )
                             done += 1
                             bar.update(task, completed=done)
                             if on_progress is not None:
                                 on_progress(done, total, f"{side.name} users={users} round={round_no}")
-            except (ServerDied, httpx.HTTPError) as exc:
+            except EngineError as exc:
                 invalid.append(f"the run broke: {exc}")
             finally:
                 stop.set()
                 if watcher is not None:
                     await watcher
     for side in sides:
-        if side.server.process.returncode() is not None:
-            code = side.server.process.returncode()
-            reason = f"{side.name}: the server died (exit code {code}); log kept at {side.server.log_path}"
-            if not any(reason in r for r in invalid):
-                invalid.append(reason)
+        await _settle(side, invalid)
+    return _result(
+        candidate, baseline, workload, invalid, run_id=run_id, model=model, client_cpu_s=client_cpu_s
+    )
+
+
+Launch = Callable[[], AbstractAsyncContextManager[Server]]
+
+
+async def benchmark_alternating(
+    candidate: tuple[str, Launch],
+    baseline: tuple[str, Launch],
+    workload: Workload,
+    *,
+    run_id: str,
+    model: str,
+    on_progress: ProgressFn | None = None,
+) -> BenchResult:
+    """An A/B where the two sides cannot be resident together (one set of GPUs, each side at 0.9 of it).
+
+    Per measured round and concurrency: start one side, run its warm-up rounds (discarded), measure one round,
+    stop it; then the other side the same way; the order flips every round (A B, B A, ...). Round i of each
+    side is the pair. Every start gets its own warm-up, because a fresh server is a cold one.
+    """
+    sides: dict[str, Side] = {}
+    invalid: list[str] = []
+    client_cpu_s = 0.0
+    total = workload.rounds * len(workload.users) * 2
+    done = 0
+    with ThreadPoolExecutor(max_workers=max(workload.users), thread_name_prefix="bench-user") as pool:
+        try:
+            for users in workload.users:
+                for measured_no in range(workload.rounds):
+                    order = [candidate, baseline] if measured_no % 2 == 0 else [baseline, candidate]
+                    for name, launch in order:
+                        async with launch() as server:
+                            side = sides.setdefault(name, Side(name=name, server=server))
+                            side.server = server
+                            invalid += [p for p in _slot_problems(side, workload) if p not in invalid]
+                            side.cached_before, side.preempted_before = await _counters(side)
+                            for warm in range(workload.warmup_rounds):
+                                # Warm-up rounds are numbered past the measured ones: fresh prompts, no cache hit.
+                                warm_no = workload.rounds + measured_no * workload.warmup_rounds + warm
+                                await _measure_round(side, workload, users, warm_no, True, pool)
+                            stop = asyncio.Event()
+                            may_defer = _may_defer(side, users)
+                            watcher = (
+                                asyncio.create_task(_watch_deferred([side], stop)) if may_defer else None
+                            )
+                            try:
+                                client_cpu_s += await _measure_round(
+                                    side, workload, users, measured_no, False, pool
+                                )
+                            finally:
+                                stop.set()
+                                if watcher is not None:
+                                    await watcher
+                            await _settle(side, invalid)
+                        done += 1
+                        if on_progress is not None:
+                            on_progress(
+                                done, total, f"{name} users={users} round={measured_no} (alternating)"
+                            )
+        except EngineError as exc:
+            invalid.append(f"the run broke: {exc}")
+    if candidate[0] not in sides or baseline[0] not in sides:
+        invalid.append("a side never started")
+        raise EngineError("; ".join(invalid))
+    result = _result(sides[candidate[0]], sides[baseline[0]], workload, invalid, run_id=run_id, model=model,
+                     client_cpu_s=client_cpu_s)  # fmt: skip
+    return result.model_copy(update={"residency": "alternating"})
+
+
+def _result(
+    candidate: Side, baseline: Side | None, workload: Workload, invalid: list[str], *, run_id: str, model: str,
+    client_cpu_s: float,
+) -> BenchResult:  # fmt: skip
+    sides = [candidate] if baseline is None else [candidate, baseline]
     failed = mismatched = 0
     for side in sides:
         for r in side.rounds:
@@ -318,14 +377,8 @@ async def benchmark(
         invalid.append(f"{failed} failed requests (first: {first_error})")
     if mismatched:
         invalid.append(f"{mismatched} completions without exactly {workload.max_tokens} tokens (ignore_eos)")
-    preemptions = cached = 0
-    alive = [s for s in sides if s.server.process.returncode() is None]
-    for side in alive:
-        with contextlib.suppress(httpx.HTTPError):
-            cached_after, preempted_after = await _counters(side)
-            cached += int(cached_after - side.cached_before)
-            preemptions += int(preempted_after - side.preempted_before)
-        preemptions += int(side.peak_deferred)
+    preemptions = sum(side.preempted for side in sides)
+    cached = sum(side.cached for side in sides)
     if preemptions:
         invalid.append(f"{preemptions} preempted or deferred requests; the claim is all users served at once")
     if cached:
@@ -353,5 +406,6 @@ async def benchmark(
         invalid_reasons=invalid,
         flags=flags,
         server_log=str(candidate.server.log_path),
+        client_cpu_s=client_cpu_s,
         rounds=[r for side in sides for r in side.rounds],
     )

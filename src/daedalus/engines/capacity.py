@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import httpx
 import psutil
 
 from daedalus.engines.base import Server
@@ -13,11 +12,13 @@ from daedalus.engines.bench import Side, run_round
 from daedalus.engines.gpu import GpuUnavailable, NvmlDevice, settled_used_bytes
 from daedalus.engines.llama_build import LlamaBuild
 from daedalus.engines.llama_cpp import parse_kv_cache_log
-from daedalus.engines.process import EngineError, tail
+from daedalus.engines.process import tail
 from daedalus.engines.runner import launched
+from daedalus.errors import EngineError
 from daedalus.processes import group_members
 from daedalus.schemas.engines import (
     CapacityResult,
+    KibPerTokenFit,
     KvMeasurement,
     LadderStep,
     LlamaCppPreset,
@@ -42,9 +43,8 @@ def group_rss(pgid: int) -> int:
 
 async def _warm(server: Server) -> None:
     # One short generation so compute buffers are touched at both sizes and cancel out in the difference.
-    async with httpx.AsyncClient(timeout=60.0) as client:
-        side = Side(name=server.adapter.preset.name, server=server)
-        await run_round(client, side, Workload(prompt_words=8, max_tokens=4), 1, 0, warmup=True)
+    side = Side(name=server.adapter.preset.name, server=server)
+    await run_round(side, Workload(prompt_words=8, max_tokens=4, request_timeout_s=60.0), 1, 0, warmup=True)
 
 
 def on_gpu(preset: LlamaCppPreset) -> bool:
@@ -80,30 +80,55 @@ async def kv_at(preset: LlamaCppPreset, model: Path, workdir: Path, build: Llama
     )
 
 
+DEFAULT_CONTEXTS = (1024, 2048, 4096, 8192)
+
+
+def fit_kib_per_token(measurements: list[KvMeasurement]) -> tuple[float, float, int]:
+    """Least-squares slope of memory (device MiB where every reading has it, else resident MiB) over context tokens, in KiB/token, its standard error and the
+    fit's residual degrees of freedom. Fixed overheads land in the intercept, so they never bias the slope."""
+    contexts = sorted({m.context for m in measurements})
+    if len(contexts) < 3:
+        raise EngineError(
+            f"KiB/token as a slope needs at least 3 different context sizes (got {contexts}): "
+            "two points give a slope with no error estimate"
+        )
+    from scipy import stats
+
+    on_device = all(m.gpu_used_mib is not None for m in measurements)
+    memory = [
+        float(m.gpu_used_mib if on_device and m.gpu_used_mib is not None else m.rss_mib) for m in measurements
+    ]
+    fit = stats.linregress([m.context for m in measurements], memory)
+    return float(fit.slope) * 1024, float(fit.stderr) * 1024, len(measurements) - 2
+
+
 async def kib_per_token(
     preset: LlamaCppPreset,
     model: Path,
     workdir: Path,
     build: LlamaBuild,
-    contexts: tuple[int, int] = (1024, 8192),
-) -> tuple[float, float | None, list[KvMeasurement]]:
-    """Memory at two context sizes divided by the token difference: fixed overheads cancel out.
+    contexts: tuple[int, ...] = DEFAULT_CONTEXTS,
+) -> KibPerTokenFit:
+    """Memory at several context sizes; KiB/token is the fitted slope, with its standard error.
 
     Host RSS for a CPU preset; NVML device memory for a CUDA preset (its cache is not in host memory).
     """
-    low, high = sorted(contexts)
-    if low == high:
-        raise EngineError("KiB/token by difference needs two different context sizes")
-    a = await kv_at(preset.model_copy(update={"context": low}), model, workdir, build)
-    b = await kv_at(preset.model_copy(update={"context": high}), model, workdir, build)
-    if a.gpu_used_mib is not None and b.gpu_used_mib is not None:
-        by_difference = (b.gpu_used_mib - a.gpu_used_mib) * 1024 / (high - low)
-    else:
-        by_difference = (b.rss_mib - a.rss_mib) * 1024 / (high - low)
-    reported = None
-    if a.reported_kv_mib is not None and b.reported_kv_mib is not None:
-        reported = (b.reported_kv_mib - a.reported_kv_mib) * 1024 / (high - low)
-    return by_difference, reported, [a, b]
+    measurements = [
+        await kv_at(preset.model_copy(update={"context": ctx}), model, workdir, build)
+        for ctx in sorted(contexts)
+    ]
+    slope, se, dof = fit_kib_per_token(measurements)
+    reported = [m for m in measurements if m.reported_kv_mib is not None]
+    engine_slope = None
+    if len(reported) >= 2:
+        # The engine's own KV size is exactly linear in the context: two points give its slope.
+        first, last = reported[0], reported[-1]
+        assert first.reported_kv_mib is not None and last.reported_kv_mib is not None
+        engine_slope = (last.reported_kv_mib - first.reported_kv_mib) * 1024 / (last.context - first.context)
+    return KibPerTokenFit(
+        kib_per_token=slope, standard_error=se, dof=dof, reported_kib_per_token=engine_slope,
+        measurements=measurements,
+    )  # fmt: skip
 
 
 async def capacity(
@@ -113,25 +138,42 @@ async def capacity(
     build: LlamaBuild,
     *,
     baseline: LlamaCppPreset | None = None,
-    contexts: tuple[int, int] = (1024, 8192),
+    contexts: tuple[int, ...] = DEFAULT_CONTEXTS,
 ) -> CapacityResult:
-    """KiB/token (by RSS difference, cross-checked with the engine's own report) and compression."""
-    kib, reported, measurements = await kib_per_token(preset, model, workdir, build, contexts)
-    base_kib = compression = None
+    """KiB/token (slope of RSS over context, cross-checked with the engine's own report) and compression."""
+    fit = await kib_per_token(preset, model, workdir, build, contexts)
+    measurements = list(fit.measurements)
+    base_fit = None
+    compression = compression_se = None
     if baseline is not None:
-        base_kib, _, base_measurements = await kib_per_token(baseline, model, workdir, build, contexts)
-        measurements += base_measurements
-        compression = base_kib / kib if kib > 0 else None
+        base_fit = await kib_per_token(baseline, model, workdir, build, contexts)
+        measurements += base_fit.measurements
+        if fit.kib_per_token > 0 and base_fit.kib_per_token > 0:
+            compression = base_fit.kib_per_token / fit.kib_per_token
+            # Delta method for a ratio of two independent fits.
+            compression_se = (
+                compression
+                * (
+                    (fit.standard_error / fit.kib_per_token) ** 2
+                    + (base_fit.standard_error / base_fit.kib_per_token) ** 2
+                )
+                ** 0.5
+            )
     at_preset = await kv_at(preset, model, workdir, build)
     return CapacityResult(
         preset=preset.name,
         baseline_preset=baseline.name if baseline else None,
         measurements=[*measurements, at_preset],
-        kib_per_token=kib,
+        contexts=sorted(contexts),
+        kib_per_token=fit.kib_per_token,
         kib_source="nvml" if on_gpu(preset) else "rss",
-        kib_per_token_reported=reported,
-        baseline_kib_per_token=base_kib,
+        kib_per_token_se=fit.standard_error,
+        fit_dof=fit.dof,
+        kib_per_token_reported=fit.reported_kib_per_token,
+        baseline_kib_per_token=base_fit.kib_per_token if base_fit else None,
+        baseline_kib_per_token_se=base_fit.standard_error if base_fit else None,
         compression=compression,
+        compression_se=compression_se,
         pool_tokens=at_preset.pool_tokens,
     )
 
@@ -183,9 +225,8 @@ async def wall_sweep(
         try:
             async with launched(p, model, workdir / f"wall-{ctx}", build=build,
                                 memory_limit_bytes=memory_limit_bytes, timeout_s=60.0) as server:  # fmt: skip
-                async with httpx.AsyncClient(timeout=120.0) as client:
-                    r = await run_round(client, Side(name=p.name, server=server), Workload(prompt_words=16,
-                                        max_tokens=16), 1, 0, warmup=False)  # fmt: skip
+                r = await run_round(Side(name=p.name, server=server), Workload(prompt_words=16, max_tokens=16),
+                                    1, 0, warmup=False)  # fmt: skip
                 req = r.requests[0]
                 crashed = server.process.returncode() is not None
                 probes.append(WallProbe(context=ctx, ok=req.ok and not crashed, decode_tps=req.server_decode_tps,

@@ -24,7 +24,8 @@ from typing import Literal
 import structlog
 
 from daedalus.engines.paths import cache_root
-from daedalus.engines.process import EngineError, run_logged, tail
+from daedalus.engines.process import run_logged, tail
+from daedalus.errors import BuildError, EngineError
 
 log = structlog.get_logger(__name__)
 
@@ -43,10 +44,6 @@ CMAKE_FLAGS = (
 )
 _NINJA_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")
 _SKIP_DIRS = {".git", "build", "__pycache__"}
-
-
-class BuildError(EngineError):
-    """CMake failed; the message carries the tail of the build log."""
 
 
 Backend = Literal["cpu", "cuda"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from daedalus.engines.base import EngineAdapter
 from daedalus.engines.llama_build import LlamaBuild
-from daedalus.engines.process import EngineError
+from daedalus.errors import EngineError
 from daedalus.schemas.engines import LlamaCppPreset
 
 # llama_kv_cache: size =   16.00 MiB (  2048 cells,   2 layers,  1/1 seqs), K (f16):    8.00 MiB, V (f16): ...
@@ -99,6 +99,10 @@ class LlamaCppAdapter(EngineAdapter):
 
     def environment(self) -> Mapping[str, str]:
         return self.preset.env
+
+    def request_extras(self) -> dict[str, object]:
+        # llama.cpp reuses a common prompt prefix (even the BOS token) unless told not to; a measurement must not.
+        return {"cache_prompt": False}
 
     def validate(self, model: Path, port: int) -> None:
         super().validate(model, port)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Annotated
@@ -17,18 +17,38 @@ from typing import Annotated
 import structlog
 import typer
 
-from daedalus.engines.bench import Side, benchmark
-from daedalus.engines.capacity import capacity, ladder
+from daedalus.engines.bench import Launch, ProgressFn, Side, benchmark, benchmark_alternating
+from daedalus.engines.capacity import capacity, kv_at, ladder
 from daedalus.engines.gpu import copy_bandwidth, floor_fractions, floor_tps, model_bytes_per_token
 from daedalus.engines.llama_build import CPU, BuildConfig, LlamaBuild, build_llama_cpp, cached_build
 from daedalus.engines.paths import default_llama_source
 from daedalus.engines.presets import load_preset
-from daedalus.engines.process import EngineError
-from daedalus.engines.quality import needle_probe, perplexity_delta, temp0_identity, write_corpus
+from daedalus.engines.provenance import provenance, resolve_model
+from daedalus.engines.quality import (
+    SEED_PROBE_COUNT,
+    greedy_streams,
+    identity_probes,
+    identity_result,
+    judge_identity,
+    needle_probe,
+    perplexity_delta,
+    temp0_identity,
+    write_corpus,
+)
 from daedalus.engines.runner import launched
 from daedalus.engines.tiny_model import MODELS, ensure_model
+from daedalus.engines.vllm import parse_kv_cache_log, parse_metrics, prefix_caching_problem
+from daedalus.errors import EngineError, UnsupportedMetric
 from daedalus.gates.statistics import clopper_pearson
-from daedalus.schemas.engines import BenchResult, ConcurrencyResult, LlamaCppPreset, VllmPreset, Workload
+from daedalus.schemas.engines import (
+    ABResidency,
+    BenchResult,
+    CapacityResult,
+    ConcurrencyResult,
+    LlamaCppPreset,
+    VllmPreset,
+    Workload,
+)
 from daedalus.schemas.gates import GateMeasurement, Metric
 
 # How each metric is produced; a metric missing here is one no engine measurement can give.
@@ -37,22 +57,22 @@ METRIC_METHODS: dict[Metric, str] = {
     Metric.PREFILL_TPS: "benchmark: per-round median prompt tok/s from server timings",
     Metric.TTFT_MS: "benchmark: per-round median time to the first streamed chunk with content",
     Metric.TPOT_MS: "benchmark: per-round median (E2E - TTFT) / (tokens - 1)",
-    Metric.KV_POOL_TOKENS: "capacity: KV cells the engine allocated at the preset's context",
-    Metric.COMPRESSION: "capacity: baseline KiB/token / candidate KiB/token (both by difference)",
-    Metric.KIB_PER_TOKEN: "capacity: memory at two context sizes (host RSS; NVML device memory for CUDA presets), "
-    "divided by the token difference",
+    Metric.KV_POOL_TOKENS: "engine-reported KV pool at start-up (llama.cpp cells; vLLM's 'GPU KV cache size')",
+    Metric.MAX_CONCURRENCY: "vLLM's start-up 'Maximum concurrency for L tokens per request' (engine-reported)",
+    Metric.ACCEPTANCE_LENGTH: "benchmark: per round, 1 + accepted / drafts from /metrics deltas (speculative)",
+    Metric.POSITION_ACCEPTANCE: "benchmark: per round, accepted at draft position k / drafts (/metrics deltas)",
+    Metric.COMPRESSION: "capacity: baseline KiB/token / candidate KiB/token (both fitted slopes)",
+    Metric.KIB_PER_TOKEN: "capacity: slope of memory (host RSS; NVML device memory for CUDA presets) over "
+    "several context sizes, with its fit interval",
     Metric.NEEDLE: "probe: needle in a haystack over depths x lengths (1 per trial found, 0 otherwise)",
-    Metric.TEMP0_IDENTITY: "probe: temp-0 token identity vs the baseline, near-tie rule (1 per prompt passing)",
+    Metric.TEMP0_IDENTITY: "probe: temp-0 token identity vs the baseline over /v1/completions logprobs, near-tie "
+    "rule, answers kept (1 per probe passing)",
     Metric.PPL_DELTA_PCT: "probe: llama-perplexity dPPL % vs the baseline preset",
     Metric.PREEMPTIONS: "benchmark: preempted or deferred requests during the measured rounds",
-    Metric.CONCURRENT_USERS: "ladder: the largest N users served at once with zero failures and deferrals",
+    Metric.CONCURRENT_USERS: "ladder, repeated per round: the largest N users served at once, no deferrals",
     Metric.FLOOR_FRACTION: "benchmark decode tok/s / (measured device copy GB/s / model bytes per token); GPU only",
 }
 NEEDS_BASELINE = {Metric.COMPRESSION, Metric.TEMP0_IDENTITY, Metric.PPL_DELTA_PCT}
-
-
-class UnsupportedMetric(EngineError):
-    """A gate names a metric the engines cannot produce."""
 
 
 def check_metric(metric: Metric, *, baseline: bool = False) -> None:
@@ -91,7 +111,18 @@ def build_config_for(*presets: LlamaCppPreset | VllmPreset | None) -> BuildConfi
     return BuildConfig.for_backend("cuda", archs)
 
 
-def _series(result: ConcurrencyResult, metric: Metric, bench: BenchResult) -> list[float]:
+def _series(result: ConcurrencyResult, metric: Metric, bench: BenchResult, position: int = 1) -> list[float]:
+    measured = [
+        r for r in bench.rounds if r.preset == result.preset and r.users == result.users and not r.warmup
+    ]
+    if metric is Metric.ACCEPTANCE_LENGTH:
+        return [r.acceptance_length for r in measured if r.acceptance_length is not None]
+    if metric is Metric.POSITION_ACCEPTANCE:
+        return [
+            r.position_acceptance[position - 1] if position <= len(r.position_acceptance) else 0.0
+            for r in measured
+            if r.acceptance_length is not None
+        ]
     if metric is Metric.DECODE_TPS:
         return result.decode_tps
     if metric is Metric.TTFT_MS:
@@ -99,11 +130,8 @@ def _series(result: ConcurrencyResult, metric: Metric, bench: BenchResult) -> li
     if metric is Metric.TPOT_MS:
         return result.tpot_ms
     if metric is Metric.PREFILL_TPS:
-        rounds = [
-            r for r in bench.rounds if r.preset == result.preset and r.users == result.users and not r.warmup
-        ]
         values = []
-        for r in rounds:
+        for r in measured:
             tps = sorted(q.server_prompt_tps for q in r.requests if q.server_prompt_tps)
             if tps:
                 values.append(tps[len(tps) // 2])
@@ -111,7 +139,7 @@ def _series(result: ConcurrencyResult, metric: Metric, bench: BenchResult) -> li
     raise UnsupportedMetric(f"{metric.value} is not a benchmark series")
 
 
-def _from_bench(metric: Metric, bench: BenchResult, artifact: Path) -> GateMeasurement:
+def _from_bench(metric: Metric, bench: BenchResult, artifact: Path, *, position: int = 1) -> GateMeasurement:
     evidence = {
         "artifact": str(artifact),
         "server_log": bench.server_log or "",
@@ -122,116 +150,292 @@ def _from_bench(metric: Metric, bench: BenchResult, artifact: Path) -> GateMeasu
         return GateMeasurement(samples=[float(bench.preemptions)], unit="requests", method="benchmark",
                                evidence=evidence, invalid_reason=invalid,
                                failed_requests=bench.failed_requests)  # fmt: skip
-    samples = _series(bench.results[0], metric, bench)
-    baseline = _series(bench.baseline_results[0], metric, bench) if bench.baseline_results else None
+    samples = _series(bench.results[0], metric, bench, position)
+    baseline = _series(bench.baseline_results[0], metric, bench, position) if bench.baseline_results else None
     if not samples:
-        invalid = invalid or "no measured round produced a value"
+        invalid = invalid or (
+            "no measured round drafted a token (does the preset speculate?)"
+            if metric in (Metric.ACCEPTANCE_LENGTH, Metric.POSITION_ACCEPTANCE)
+            else "no measured round produced a value"
+        )
         samples, baseline = [0.0], ([0.0] if baseline is not None else None)
     if baseline is not None and len(baseline) != len(samples):
         invalid = invalid or "the A/B sides produced different numbers of valid rounds"
         n = min(len(baseline), len(samples)) or 1
         samples, baseline = (samples[:n] or [0.0]), (baseline[:n] or [0.0])
-    unit = {"decode_tps": "tok/s", "prefill_tps": "tok/s", "ttft_ms": "ms", "tpot_ms": "ms"}[metric.value]
+    unit = {"decode_tps": "tok/s", "prefill_tps": "tok/s", "ttft_ms": "ms", "tpot_ms": "ms",
+            "acceptance_length": "tokens/step", "position_acceptance": f"share accepted at position {position}"}[
+        metric.value]  # fmt: skip
+    source = ("/metrics deltas per round" if metric in (Metric.ACCEPTANCE_LENGTH, Metric.POSITION_ACCEPTANCE)
+              else f"{bench.results[0].timing_source} timings")  # fmt: skip
     return GateMeasurement(
         samples=samples, baseline_samples=baseline, unit=unit,
-        method=f"benchmark {bench.results[0].timing_source} timings, {bench.workload.rounds} rounds, drop warm-up",
+        method=f"benchmark {source}, {bench.workload.rounds} rounds, drop warm-up, {bench.residency} residency",
         failed_requests=bench.failed_requests, preemptions=bench.preemptions,
         token_count_mismatches=bench.token_count_mismatches, invalid_reason=invalid, evidence=evidence,
     )  # fmt: skip
 
 
+def capacity_measurement(metric: Metric, cap: CapacityResult, artifact: Path) -> GateMeasurement:
+    """A capacity figure as a gate measurement: a fitted slope carries its standard error, the KV pool is an
+    engine-reported count (deterministic), and an unmeasurable value is INVALID, never 0."""
+    evidence = {"artifact": str(artifact), "contexts": ",".join(map(str, cap.contexts)),
+                "reported_kib_per_token": str(cap.kib_per_token_reported)}  # fmt: skip
+    value: float | None
+    if metric is Metric.KV_POOL_TOKENS:
+        value = float(cap.pool_tokens) if cap.pool_tokens is not None else None
+        invalid = None if value is not None else f"no KV cache line in the server log; see {artifact}"
+        return GateMeasurement(samples=[value or 0.0], unit="tokens", method="engine-reported KV cells at start-up",
+                               invalid_reason=invalid, evidence=evidence)  # fmt: skip
+    value, se = (
+        (cap.kib_per_token, cap.kib_per_token_se)
+        if metric is Metric.KIB_PER_TOKEN
+        else (cap.compression, cap.compression_se)
+    )
+    if value is None or se is None or cap.fit_dof is None:
+        return GateMeasurement(samples=[0.0], unit="", invalid_reason=f"{metric.value} could not be measured "
+                               f"(no positive memory slope); see {artifact}", evidence=evidence)  # fmt: skip
+    unit = "KiB/token" if metric is Metric.KIB_PER_TOKEN else "x"
+    return GateMeasurement(
+        samples=[value], unit=unit, standard_error=se, error_dof=cap.fit_dof, evidence=evidence,
+        method=f"capacity: least-squares slope of memory ({cap.kib_source}) over {len(cap.contexts)} context sizes"
+        + ("" if metric is Metric.KIB_PER_TOKEN else "; baseline slope / candidate slope, delta-method error"),
+    )  # fmt: skip
+
+
+BENCH_METRICS = frozenset({
+    Metric.DECODE_TPS, Metric.PREFILL_TPS, Metric.TTFT_MS, Metric.TPOT_MS, Metric.PREEMPTIONS,
+    Metric.ACCEPTANCE_LENGTH, Metric.POSITION_ACCEPTANCE,
+})  # fmt: skip
+LLAMA_ONLY = {
+    Metric.KIB_PER_TOKEN: "KiB/token is a slope of host RSS over context sizes; on vLLM read kv_pool_tokens",
+    Metric.COMPRESSION: "compression compares two KiB/token slopes; on vLLM compare kv_pool_tokens of two presets",
+    Metric.CONCURRENT_USERS: "the ladder sets llama.cpp slots; on vLLM gate max_concurrency or preemptions",
+    Metric.PPL_DELTA_PCT: "dPPL runs llama-perplexity on GGUF weights",
+}
+
+
+def default_workdir(metric: Metric) -> Path:
+    """Under the artifact directory (DAEDALUS_ARTIFACTS, or .daedalus/artifacts), never /tmp: a verdict points
+    at its raw data, and that data must outlive the measuring process."""
+    from daedalus.config import Settings
+
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    return Settings().artifact_dir / "measurements" / f"{stamp}-{metric.value}-{uuid.uuid4().hex[:8]}"
+
+
+def residency(preset: LlamaCppPreset | VllmPreset, baseline: LlamaCppPreset | VllmPreset) -> ABResidency:
+    """Both servers up at once only when both presets say they fit together; otherwise alternate."""
+    both = preset.residency is ABResidency.CONCURRENT and baseline.residency is ABResidency.CONCURRENT
+    return ABResidency.CONCURRENT if both else ABResidency.ALTERNATE
+
+
 async def measure(
     metric: Metric,
     preset_ref: str,
-    model: Path,
+    model_ref: str | Path,
     *,
     baseline_ref: str | None = None,
     workload: Workload | None = None,
     workdir: Path | None = None,
+    position: int = 1,
+    probes: int = SEED_PROBE_COUNT,
 ) -> GateMeasurement:
-    """Run whatever produces `metric` and return it as a gate measurement."""
+    """Run whatever produces `metric` and return it as a gate measurement, with its provenance."""
     check_metric(metric, baseline=baseline_ref is not None)
     preset = load_preset(preset_ref)
     baseline = load_preset(baseline_ref) if baseline_ref else None
-    if not model.is_file():
-        raise EngineError(f"model file {model} does not exist")
-    workdir = workdir or Path(tempfile.mkdtemp(prefix=f"daedalus-measure-{metric.value}-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    presets = [p for p in (preset, baseline) if p is not None]
+    if metric in LLAMA_ONLY and any(isinstance(p, VllmPreset) for p in presets):
+        raise UnsupportedMetric(f"{metric.value} is measured on llama.cpp presets: {LLAMA_ONLY[metric]}")
+    if metric is Metric.MAX_CONCURRENCY and not isinstance(preset, VllmPreset):
+        raise UnsupportedMetric("max_concurrency is vLLM's start-up report; llama.cpp prints no such figure")
     if metric is Metric.FLOOR_FRACTION and not (
         isinstance(preset, LlamaCppPreset) and preset.backend == "cuda"
     ):
         raise UnsupportedMetric(f"floor_fraction is a GPU metric: preset {preset.name} does not run on CUDA "
                                 "(set backend: cuda and n_gpu_layers, as examples/presets/gpu-*.yaml do)")  # fmt: skip
-    needs_llama = any(isinstance(p, LlamaCppPreset) for p in (preset, baseline) if p is not None)
+    model = resolve_model(str(model_ref), presets)
+    workdir = (workdir or default_workdir(metric)).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    needs_llama = any(isinstance(p, LlamaCppPreset) for p in presets)
     build = await ensure_build(config=build_config_for(preset, baseline)) if needs_llama else None
     workload = workload or Workload()
+    made = provenance(preset_ref, preset, model, build=build, artifacts=workdir, baseline=baseline,
+                      workload=workload if metric in BENCH_METRICS else None,
+                      extra={"position": str(position)} if metric is Metric.POSITION_ACCEPTANCE else None)  # fmt: skip
+    (workdir / "provenance.json").write_text(made.model_dump_json(indent=2))
+    measured = await _measure(metric, preset, baseline, model, workdir, build, workload, position, probes)
+    measured = measured.model_copy(update={"provenance": made})
+    (workdir / "measurement.json").write_text(measured.model_dump_json(indent=2))
+    return measured
 
+
+async def bench_presets(
+    preset: LlamaCppPreset | VllmPreset,
+    baseline: LlamaCppPreset | VllmPreset | None,
+    model: Path,
+    workdir: Path,
+    *,
+    build: LlamaBuild | None,
+    workload: Workload,
+    run_id: str,
+    on_progress: ProgressFn | None = None,
+    show_progress: bool | None = None,
+) -> BenchResult:
+    """Benchmark a preset, or an A/B of two: both resident when the presets say they fit, else alternating.
+    A server running with prefix caching its preset did not ask for makes the run INVALID."""
+    if baseline is not None and residency(preset, baseline) is ABResidency.ALTERNATE:
+        return await benchmark_alternating((preset.name, _launch(preset, model, workdir, build)),
+                                           (baseline.name, _launch(baseline, model, workdir, build)),
+                                           workload, run_id=run_id, model=str(model), on_progress=on_progress)  # fmt: skip
+    async with launched(preset, model, workdir / "candidate", build=build) as server:
+        problem = await prefix_caching_problem(server)
+        cand = Side(name=preset.name, server=server)
+        if baseline is None:
+            bench = await benchmark(cand, workload, run_id=run_id, model=str(model), on_progress=on_progress,
+                                    show_progress=show_progress)  # fmt: skip
+        else:
+            async with launched(baseline, model, workdir / "baseline", build=build) as base_server:
+                problem = problem or await prefix_caching_problem(base_server)
+                bench = await benchmark(cand, workload, run_id=run_id, model=str(model), on_progress=on_progress,
+                                        show_progress=show_progress,
+                                        baseline=Side(name=baseline.name, server=base_server))  # fmt: skip
+    if problem:
+        bench = bench.model_copy(update={"invalid_reasons": [*bench.invalid_reasons, problem]})
+    return bench
+
+
+def _launch(
+    preset: LlamaCppPreset | VllmPreset, model: Path, workdir: Path, build: LlamaBuild | None
+) -> Launch:
+    starts = iter(range(1_000_000))
+    return lambda: launched(preset, model, workdir / f"{preset.name}-start{next(starts)}", build=build)
+
+
+async def _measure(
+    metric: Metric,
+    preset: LlamaCppPreset | VllmPreset,
+    baseline: LlamaCppPreset | VllmPreset | None,
+    model: Path,
+    workdir: Path,
+    build: LlamaBuild | None,
+    workload: Workload,
+    position: int,
+    probes: int,
+) -> GateMeasurement:
     if metric is Metric.FLOOR_FRACTION:
         return await _floor_fraction(preset, model, workload, workdir, build)
-
-    if metric in (Metric.DECODE_TPS, Metric.PREFILL_TPS, Metric.TTFT_MS, Metric.TPOT_MS, Metric.PREEMPTIONS):
-        async with launched(preset, model, workdir / "candidate", build=build) as server:
-            cand = Side(name=preset.name, server=server)
-            if baseline is None:
-                bench = await benchmark(cand, workload, run_id=workdir.name, model=str(model))
-            else:
-                async with launched(baseline, model, workdir / "baseline", build=build) as base_server:
-                    bench = await benchmark(cand, workload, run_id=workdir.name, model=str(model),
-                                            baseline=Side(name=baseline.name, server=base_server))  # fmt: skip
+    if metric in BENCH_METRICS:
+        bench = await bench_presets(preset, baseline, model, workdir, build=build, workload=workload,
+                                    run_id=workdir.name)  # fmt: skip
         artifact = workdir / "bench.json"
         artifact.write_text(bench.model_dump_json(indent=2))
-        return _from_bench(metric, bench, artifact)
+        return _from_bench(metric, bench, artifact, position=position)
 
-    if isinstance(preset, VllmPreset) or isinstance(baseline, VllmPreset):
-        raise UnsupportedMetric(f"{metric.value} is measured on llama.cpp presets on this host; vLLM capacity comes "
-                                "from its start-up log (daedalus.engines.vllm.parse_kv_cache_log)")  # fmt: skip
-    assert build is not None
-    if metric in (Metric.KIB_PER_TOKEN, Metric.COMPRESSION, Metric.KV_POOL_TOKENS):
-        cap = await capacity(preset, model, workdir, build, baseline=baseline)  # type: ignore[arg-type]
-        artifact = workdir / "capacity.json"
-        artifact.write_text(cap.model_dump_json(indent=2))
-        measured = {Metric.KIB_PER_TOKEN: cap.kib_per_token, Metric.COMPRESSION: cap.compression,
-                    Metric.KV_POOL_TOKENS: cap.pool_tokens}[metric]  # fmt: skip
-        # An unmeasurable value (no RSS difference, no KV line in the log) is a broken measurement, not a 0.
-        invalid = None if measured is not None else f"{metric.value} could not be measured; see {artifact}"
-        value = float(measured or 0.0)
-        unit = {Metric.KIB_PER_TOKEN: "KiB/token", Metric.COMPRESSION: "x", Metric.KV_POOL_TOKENS: "tokens"}[
-            metric
-        ]
-        return GateMeasurement(samples=[value], unit=unit, method=f"capacity by difference ({cap.kib_source})",
-                               invalid_reason=invalid,
-                               evidence={"artifact": str(artifact),
-                                         "reported_kib_per_token": str(cap.kib_per_token_reported)})  # fmt: skip
-    if metric is Metric.CONCURRENT_USERS:
-        steps = await ladder(preset, model, workdir, build, users=tuple(workload.users) if workload.users != [1]
-                             else (1, 2, 4))  # fmt: skip
-        passed = [s.users for s in steps if s.passed]
-        return GateMeasurement(samples=[float(max(passed) if passed else 0)], unit="users", method="ladder",
-                               evidence={s.users.__str__(): "pass" if s.passed else s.detail for s in steps})  # fmt: skip
+    if metric in (Metric.KV_POOL_TOKENS, Metric.MAX_CONCURRENCY) and isinstance(preset, VllmPreset):
+        async with launched(preset, model, workdir / "capacity", build=build) as server:
+            log_text = server.log_text()
+            metrics_text = await asyncio.to_thread(server.metrics_text)
+        return vllm_capacity_measurement(metric, log_text, metrics_text, server.log_path)
+
     if metric is Metric.NEEDLE:
         async with launched(preset, model, workdir / "needle", build=build) as server:
             needle = await needle_probe(server)
+        artifact = workdir / "needle.json"
+        artifact.write_text(needle.model_dump_json(indent=2))
         low, high = clopper_pearson(needle.found, needle.total)
         return GateMeasurement(samples=[1.0 if t.found else 0.0 for t in needle.trials], unit="found",
                                method="needle string match",
-                               evidence={"k/n": f"{needle.found}/{needle.total}",
+                               evidence={"k/n": f"{needle.found}/{needle.total}", "artifact": str(artifact),
                                          "clopper_pearson_90": f"[{low:.3f}, {high:.3f}]"})  # fmt: skip
-    assert baseline is not None and isinstance(baseline, LlamaCppPreset)
+
     if metric is Metric.TEMP0_IDENTITY:
-        async with (launched(preset, model, workdir / "candidate", build=build) as cand_server,
-                    launched(baseline, model, workdir / "baseline", build=build) as base_server):  # fmt: skip
-            t0 = await temp0_identity(cand_server, base_server)
-        ones = [1.0] * (t0.identical + t0.near_ties)
-        return GateMeasurement(samples=ones + [0.0] * (t0.prompts - len(ones)), unit="prompts passing",
-                               method="temp-0 identity, near-tie gap < 0.25", evidence={"detail": t0.detail})  # fmt: skip
+        assert baseline is not None
+        probe_set = identity_probes(probes)
+        if residency(preset, baseline) is ABResidency.ALTERNATE:
+            # Identity needs no pairing in time: all candidate streams first, then all baseline streams.
+            async with launched(preset, model, workdir / "candidate", build=build) as cand_server:
+                cand_streams = await greedy_streams(cand_server, probe_set)
+            async with launched(baseline, model, workdir / "baseline", build=build) as base_server:
+                base_streams = await greedy_streams(base_server, probe_set)
+            judgements = [
+                judge_identity(p, c, b) for p, c, b in zip(probe_set, cand_streams, base_streams, strict=True)
+            ]
+            t0 = identity_result(preset.name, baseline.name, judgements)
+        else:
+            async with (launched(preset, model, workdir / "candidate", build=build) as cand_server,
+                        launched(baseline, model, workdir / "baseline", build=build) as base_server):  # fmt: skip
+                t0 = await temp0_identity(cand_server, base_server, probes=probe_set)
+        artifact = workdir / "temp0_identity.json"
+        artifact.write_text(t0.model_dump_json(indent=2))
+        return GateMeasurement(samples=[1.0 if j.passed else 0.0 for j in t0.judgements], unit="probes passing",
+                               method=f"temp-0 identity over {t0.prompts} probes, near-tie gap < 0.25, answers kept",
+                               evidence={"detail": t0.detail, "artifact": str(artifact)})  # fmt: skip
+
+    # What is left runs llama.cpp's own tools on GGUF weights.
+    assert build is not None and isinstance(preset, LlamaCppPreset)
+    if metric in (Metric.KIB_PER_TOKEN, Metric.COMPRESSION, Metric.KV_POOL_TOKENS):
+        if metric is Metric.KV_POOL_TOKENS:
+            at_preset = await kv_at(preset, model, workdir, build)
+            cap = CapacityResult(preset=preset.name, measurements=[at_preset], kib_per_token=0.0,
+                                 pool_tokens=at_preset.pool_tokens)  # fmt: skip
+        else:
+            assert baseline is None or isinstance(baseline, LlamaCppPreset)
+            cap = await capacity(preset, model, workdir, build, baseline=baseline)
+        artifact = workdir / "capacity.json"
+        artifact.write_text(cap.model_dump_json(indent=2))
+        return capacity_measurement(metric, cap, artifact)
+    if metric is Metric.CONCURRENT_USERS:
+        # Each repetition of the ladder is one sample: the largest N served at once with no deferral.
+        samples: list[float] = []
+        evidence: dict[str, str] = {}
+        for rep in range(workload.rounds):
+            steps = await ladder(preset, model, workdir / f"ladder-rep{rep}", build,
+                                 users=tuple(workload.users) if workload.users != [1] else (1, 2, 4))  # fmt: skip
+            passed = [s.users for s in steps if s.passed]
+            samples.append(float(max(passed) if passed else 0))
+            evidence |= {f"rep{rep} users={s.users}": "pass" if s.passed else s.detail for s in steps}
+        return GateMeasurement(samples=samples, unit="users", method=f"ladder, {workload.rounds} repetitions",
+                               evidence=evidence)  # fmt: skip
     if metric is Metric.PPL_DELTA_PCT:
+        assert isinstance(baseline, LlamaCppPreset)
         corpus = write_corpus(workdir / "corpus.txt")
-        ppl = await perplexity_delta(build, preset, baseline, model, corpus, workdir)  # type: ignore[arg-type]
-        return GateMeasurement(samples=[ppl.delta_pct or 0.0], unit="%", method="llama-perplexity dPPL",
+        ppl = await perplexity_delta(build, preset, baseline, model, corpus, workdir)
+        return GateMeasurement(samples=[ppl.delta_pct or 0.0], unit="%",
+                               method="llama-perplexity dPPL; error: both runs' +/- in quadrature",
+                               standard_error=ppl.delta_err_pct,
                                evidence={"ppl": f"{ppl.ppl} +/- {ppl.ppl_err}",
                                          "baseline_ppl": f"{ppl.baseline_ppl} +/- {ppl.baseline_ppl_err}",
                                          "delta_err_pct": f"{ppl.delta_err_pct}"})  # fmt: skip
     raise UnsupportedMetric(f"metric {metric.value!r} has no measurement")
+
+
+def vllm_capacity_measurement(
+    metric: Metric, log_text: str, metrics_text: str, log_path: Path
+) -> GateMeasurement:
+    """kv_pool_tokens or max_concurrency from vLLM's start-up log, cross-checked with /metrics' cache config.
+
+    Both are the engine's own report of what it allocated: deterministic, and the verdict says so."""
+    cap = parse_kv_cache_log(log_text)
+    reported = parse_metrics(metrics_text)
+    evidence = {"server_log": str(log_path), "log_pool_tokens": str(cap.pool_tokens),
+                "metrics_pool_tokens": str(reported.pool_tokens),
+                "max_concurrency": f"{cap.max_concurrency} at {cap.concurrency_len} tokens per request"}  # fmt: skip
+    value = cap.pool_tokens if metric is Metric.KV_POOL_TOKENS else cap.max_concurrency
+    invalid = (
+        None if value is not None else f"vLLM's start-up log has no {metric.value} figure; see {log_path}"
+    )
+    # Two reports of one allocation: a disagreement beyond one block is shown beside the verdict (hybrid models
+    # size their groups differently, so it is evidence to read, not a broken measurement).
+    block = reported.block_size or 0
+    if (cap.pool_tokens is not None and reported.pool_tokens is not None
+            and abs(cap.pool_tokens - reported.pool_tokens) > block):  # fmt: skip
+        evidence["disagreement"] = (f"the start-up log says {cap.pool_tokens} KV tokens, /metrics "
+                                    f"{reported.pool_tokens} ({reported.num_gpu_blocks} blocks x {block})")  # fmt: skip
+    unit = "tokens" if metric is Metric.KV_POOL_TOKENS else "x"
+    return GateMeasurement(samples=[float(value or 0.0)], unit=unit, invalid_reason=invalid, evidence=evidence,
+                           method="vLLM start-up log (engine-reported), cross-checked with vllm:cache_config_info")  # fmt: skip
 
 
 async def _floor_fraction(
@@ -269,7 +473,13 @@ app = typer.Typer(add_completion=False, help="Measure one gate metric and print 
 def main(
     metric: Annotated[Metric, typer.Argument(help="the gate metric")],
     preset: Annotated[str, typer.Option(help="preset name (examples/presets) or YAML path")],
-    model: Annotated[str, typer.Option(help="GGUF model path, or a tiny model name (tiny, small, medium)")],
+    model: Annotated[
+        str,
+        typer.Option(
+            help="a GGUF file, a tiny model name (tiny, small, medium), or for vLLM "
+            "a Hugging Face model directory or id"
+        ),
+    ],
     baseline_preset: Annotated[
         str | None, typer.Option(help="baseline preset for A/B and relative metrics")
     ] = None,
@@ -277,16 +487,23 @@ def main(
     rounds: Annotated[int, typer.Option(min=1)] = 7,
     max_tokens: Annotated[int, typer.Option(min=2)] = 64,
     prompt_words: Annotated[int, typer.Option(min=1)] = 32,
-    workdir: Annotated[Path | None, typer.Option(help="where logs and artifacts go")] = None,
+    position: Annotated[
+        int, typer.Option(min=1, help="position_acceptance: the draft position, 1-based")
+    ] = 1,
+    probes: Annotated[
+        int, typer.Option(min=1, help="temp0_identity: probe prompts (the seed's 6d: 60)")
+    ] = 60,
+    workdir: Annotated[
+        Path | None, typer.Option(help="artifacts; default under the artifact directory")
+    ] = None,
 ) -> None:
     # stdout carries exactly one JSON object; logs go to stderr.
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
     workload = Workload(users=[users], rounds=rounds, max_tokens=max_tokens, prompt_words=prompt_words)
-    workdir = workdir or Path(tempfile.gettempdir()) / f"daedalus-measure-{uuid.uuid4().hex[:8]}"
     try:
-        model_path = ensure_model(model) if model in MODELS else Path(model)
-        result = asyncio.run(measure(metric, preset, model_path, baseline_ref=baseline_preset, workload=workload,
-                                     workdir=workdir))  # fmt: skip
+        model_ref = str(ensure_model(model)) if model in MODELS else model
+        result = asyncio.run(measure(metric, preset, model_ref, baseline_ref=baseline_preset, workload=workload,
+                                     workdir=workdir, position=position, probes=probes))  # fmt: skip
     except EngineError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -294,4 +511,8 @@ def main(
 
 
 if __name__ == "__main__":
+    from daedalus.config import Settings
+    from daedalus.engines import paths
+
+    paths.configure(Settings.load().engines)  # `python -m` is an entry point of its own
     app()

@@ -7,6 +7,7 @@ so that a trainer allocating a few hundred MiB trips the stop without pushing a 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,16 +84,89 @@ def read_psi_some_avg10(path: Path = Path("/proc/pressure/memory")) -> float | N
     return None
 
 
-def read_oom_kills(path: Path = Path("/proc/vmstat")) -> int | None:
-    """The kernel's count of OOM kills since boot; None where it cannot be read."""
+@dataclass(frozen=True)
+class OomCounters:
+    """The kernel's OOM-kill counters at one moment: host-wide (/proc/vmstat) and the memory cgroup's own
+    (cgroup v2 memory.events, or v1 memory.oom_control), with the cgroup file read."""
+
+    vmstat: int | None = None
+    cgroup: int | None = None
+    cgroup_file: str | None = None
+
+
+def cgroup_oom_file(pid: int, proc: Path = Path("/proc"), root: Path = Path("/sys/fs/cgroup")) -> Path | None:
+    """The file that counts OOM kills in `pid`'s memory cgroup, where one is readable."""
+    try:
+        lines = (proc / str(pid) / "cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        rel = path.lstrip("/")
+        if "memory" in controllers.split(","):  # cgroup v1
+            candidate = root / "memory" / rel / "memory.oom_control"
+        elif controllers == "":  # cgroup v2
+            candidate = root / rel / "memory.events"
+        else:
+            continue
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def read_counter_file(path: Path, key: str = "oom_kill") -> int | None:
+    """`key N` from a "key value" per line file (vmstat, memory.events, memory.oom_control)."""
     try:
         for line in path.read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
+            name, _, value = line.partition(" ")
+            if name == key:
                 return int(value)
     except (OSError, ValueError):
         return None
     return None
+
+
+def oom_counters(cgroup_file: Path | None, vmstat: Path = Path("/proc/vmstat")) -> OomCounters:
+    return OomCounters(
+        vmstat=read_counter_file(vmstat),
+        cgroup=read_counter_file(cgroup_file) if cgroup_file is not None else None,
+        cgroup_file=str(cgroup_file) if cgroup_file is not None else None,
+    )
+
+
+def kernel_log_oom(pid: int, kmsg: Path = Path("/dev/kmsg"), limit: int = 50_000) -> str | None:
+    """The kernel log's OOM-kill record of `pid` ("Killed process PID" or "oom-kill:... pid=PID"), or None.
+
+    /dev/kmsg is read without blocking from the oldest record kept; where it cannot be read (no permission,
+    no such device), there is no evidence from it.
+    """
+    try:
+        fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    found = None
+    try:
+        for _ in range(limit):
+            try:
+                record = os.read(fd, 8192).decode(errors="replace")
+            except BlockingIOError:
+                break
+            except BrokenPipeError:  # records overwritten while reading: go on from the next one
+                continue
+            except OSError:
+                break
+            if not record:
+                break
+            # One record per read from /dev/kmsg ("prio,seq,time,flags;message"); a saved copy reads as lines.
+            for line in record.splitlines():
+                message = line.partition(";")[2]
+                if f"Killed process {pid} " in message or (
+                    message.startswith("oom-kill:") and f",pid={pid}," in message
+                ):
+                    found = message.strip()
+    finally:
+        os.close(fd)
+    return found
 
 
 class Nvml:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -32,3 +35,65 @@ def counter(values: dict[str, float], name: str) -> float:
         if key in values:
             return values[key]
     return 0.0
+
+
+def by_label(text: str, metric: str, label: str) -> dict[str, float]:
+    """A metric's samples summed per value of one label (e.g. accepted tokens per draft position)."""
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if (
+                sample.name in (metric, f"{metric}_total", metric.removesuffix("_total"))
+                and label in sample.labels
+            ):
+                key = sample.labels[label]
+                values[key] = values.get(key, 0.0) + float(sample.value)
+    return values
+
+
+@dataclass(frozen=True)
+class SpecCounters:
+    """Speculative-decoding counters, as vLLM (`vllm:`) and llama-server (`llamacpp:`) both name them."""
+
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted: float = 0.0
+    accepted_per_position: Mapping[int, float] = field(default_factory=dict)
+
+    def since(self, before: SpecCounters) -> SpecCounters:
+        """What the counters added between two readings."""
+        positions = set(self.accepted_per_position) | set(before.accepted_per_position)
+        return SpecCounters(
+            drafts=self.drafts - before.drafts,
+            draft_tokens=self.draft_tokens - before.draft_tokens,
+            accepted=self.accepted - before.accepted,
+            accepted_per_position={
+                k: self.accepted_per_position.get(k, 0.0) - before.accepted_per_position.get(k, 0.0)
+                for k in sorted(positions)
+            },
+        )
+
+    @property
+    def acceptance_length(self) -> float | None:
+        """Mean tokens per verification step: 1 + accepted / drafts (the seed's 2.98 for MTP3)."""
+        return 1.0 + self.accepted / self.drafts if self.drafts > 0 else None
+
+    def position_acceptance(self, position: int) -> float | None:
+        """The share of drafts whose token at `position` (1-based) was accepted."""
+        if self.drafts <= 0:
+            return None
+        return self.accepted_per_position.get(position - 1, 0.0) / self.drafts
+
+
+def spec_counters(text: str) -> SpecCounters:
+    values = flatten(text)
+    for prefix in ("vllm:", "llamacpp:"):
+        if any(k.startswith(f"{prefix}spec_decode_num_drafts") for k in values):
+            per_pos = by_label(text, f"{prefix}spec_decode_num_accepted_tokens_per_pos_total", "position")
+            return SpecCounters(
+                drafts=counter(values, f"{prefix}spec_decode_num_drafts_total"),
+                draft_tokens=counter(values, f"{prefix}spec_decode_num_draft_tokens_total"),
+                accepted=counter(values, f"{prefix}spec_decode_num_accepted_tokens_total"),
+                accepted_per_position={int(k): v for k, v in per_pos.items()},
+            )
+    return SpecCounters()

@@ -8,15 +8,11 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from daedalus.engines.paths import REPO_ROOT
-from daedalus.engines.process import EngineError
+from daedalus.errors import PresetError
 from daedalus.schemas.engines import LlamaCppPreset, Preset, VllmPreset
 
 PRESET_DIR = REPO_ROOT / "examples" / "presets"
 _ADAPTER: TypeAdapter[LlamaCppPreset | VllmPreset] = TypeAdapter(Preset)
-
-
-class PresetError(EngineError):
-    """A preset file is missing or invalid; the message names the file and the field."""
 
 
 def parse_preset(data: object, source: str = "<preset>") -> LlamaCppPreset | VllmPreset:

@@ -12,13 +12,10 @@ from pathlib import Path
 
 import structlog
 
+from daedalus.errors import EngineError
 from daedalus.processes import kill_group
 
 log = structlog.get_logger(__name__)
-
-
-class EngineError(RuntimeError):
-    """An engine could not be built, started or measured; the message says why and what to do."""
 
 
 def tail(path: Path, lines: int = 30) -> str:

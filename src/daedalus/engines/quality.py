@@ -8,110 +8,142 @@ import zlib
 from collections import Counter
 from pathlib import Path
 
-import httpx
-
 from daedalus.engines.base import Server
 from daedalus.engines.llama_build import LlamaBuild
-from daedalus.engines.process import EngineError, run_logged, tail
+from daedalus.engines.process import run_logged, tail
 from daedalus.engines.tiny_model import _WORDS
+from daedalus.errors import EngineError
 from daedalus.gates.statistics import clopper_pearson
 from daedalus.schemas.engines import (
     GarbageFinding,
     GarbageKind,
+    GreedyStream,
+    IdentityProbe,
     LlamaCppPreset,
     NeedleResult,
     NeedleTrial,
     PerplexityResult,
+    ProbeJudgement,
+    ProbeOutcome,
     Temp0Result,
 )
 
 NEAR_TIE_GAP = 0.25
 _PPL = re.compile(r"Final estimate: PPL = (?P<ppl>[\d.]+) \+/- (?P<err>[\d.]+)")
-
-PROBE_PROMPTS = (
-    "The capital of France is",
-    "the secret number is hidden in the long answer",
-    "people say that each day the work is good",
-    "first make the key value then come back",
-)
+SEED_PROBE_COUNT = 60  # ticket 6d: "bit-identical to AR (60/60)"
+NEEDLE_DEPTHS = (0.1, 0.5, 0.9)
+NEEDLE_LENGTHS = (64, 256)
 
 
-async def greedy(server: Server, prompt: str, n_tokens: int, client: httpx.AsyncClient) -> dict[str, object]:
-    """llama.cpp's native /completion at temperature 0, with token ids and the top-2 logprobs per step."""
-    body = {
-        "prompt": prompt,
-        "n_predict": n_tokens,
-        "temperature": 0.0,
-        "top_k": 1,
-        "n_probs": 2,
-        "ignore_eos": True,
-        "cache_prompt": False,
-        "return_tokens": True,
-        "seed": 0,
-    }
-    response = await client.post(server.base_url + "/completion", json=body)
-    if response.status_code != 200:
-        raise EngineError(
-            f"{server.adapter.preset.name}: /completion answered {response.status_code}: "
-            f"{response.text[:300]}"
-        )
-    data: dict[str, object] = response.json()
-    return data
+def _needle_secret(length: int, depth: float) -> str:
+    return str(random.Random(f"{length}:{depth}").randint(1000, 9999))
 
 
-def _top2_gap(step: dict[str, object]) -> float | None:
-    tops = step.get("top_logprobs")
-    if not isinstance(tops, list) or len(tops) < 2:
-        return None
-    return float(tops[0]["logprob"]) - float(tops[1]["logprob"])
+def needle_prompt(length: int, depth: float) -> tuple[str, str]:
+    """A haystack with a secret at `depth`, and the secret."""
+    secret = _needle_secret(length, depth)
+    prompt = haystack(length, depth, f"the secret number is {secret} .", seed=length) + (
+        " what is the secret number ? the secret number is"
+    )
+    return prompt, secret
+
+
+def identity_probes(count: int = SEED_PROBE_COUNT) -> tuple[IdentityProbe, ...]:
+    """The seed's temp-0 probe set, sized as ticket 6d's (60 prompts): France, needles at three depths x two
+    lengths (each must keep its answer), and plain prompts of fresh words for the rest."""
+    if count < 1:
+        raise ValueError(f"a probe set needs at least one prompt; got {count}")
+    probes = [IdentityProbe(name="france", prompt="The capital of France is", expect="Paris")]
+    for length in NEEDLE_LENGTHS:
+        for depth in NEEDLE_DEPTHS:
+            prompt, secret = needle_prompt(length, depth)
+            probes.append(IdentityProbe(name=f"needle-{length}w-{depth:.0%}", prompt=prompt, expect=secret))
+    rng = random.Random(6)
+    while len(probes) < count:
+        words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 24)))
+        probes.append(IdentityProbe(name=f"plain-{len(probes)}", prompt=words))
+    return tuple(probes[:count])
+
+
+def judge_identity(probe: IdentityProbe, candidate: GreedyStream, baseline: GreedyStream) -> ProbeJudgement:
+    """The near-tie rule on one probe's recorded streams (MEASUREMENT.md, seed 6b/6c).
+
+    Identical token ids pass. At the first divergence, a probe whose answer held on the baseline and is gone
+    from the candidate fails whatever the gap; otherwise it passes only if the baseline's top-2 logprob gap
+    there is < 0.25 (a near-tie flip). An unknown gap is not a near tie.
+    """
+    texts = {"candidate_text": candidate.text, "baseline_text": baseline.text}
+    if candidate.token_ids == baseline.token_ids:
+        return ProbeJudgement(probe=probe.name, outcome=ProbeOutcome.IDENTICAL, passed=True, **texts)
+    pairs = zip(candidate.token_ids, baseline.token_ids, strict=False)
+    pos = next((i for i, (a, b) in enumerate(pairs) if a != b),
+               min(len(candidate.token_ids), len(baseline.token_ids)))  # fmt: skip
+    gap = baseline.top2_gaps[pos] if pos < len(baseline.top2_gaps) else None
+    where = f"diverged at token {pos}, baseline top-2 gap {'unknown' if gap is None else f'{gap:.3f}'}"
+    if probe.expect is not None and probe.expect in baseline.text and probe.expect not in candidate.text:
+        return ProbeJudgement(
+            probe=probe.name, outcome=ProbeOutcome.ANSWER_LOST, passed=False, first_divergence=pos,
+            logprob_gap=gap, detail=f"{probe.name}: {where}; the answer {probe.expect!r} no longer holds", **texts,
+        )  # fmt: skip
+    if gap is not None and gap < NEAR_TIE_GAP:
+        return ProbeJudgement(
+            probe=probe.name, outcome=ProbeOutcome.NEAR_TIE, passed=True, first_divergence=pos, logprob_gap=gap,
+            detail=f"{probe.name}: {where} (< {NEAR_TIE_GAP}: a near-tie flip)", **texts,
+        )  # fmt: skip
+    return ProbeJudgement(
+        probe=probe.name, outcome=ProbeOutcome.DIVERGED, passed=False, first_divergence=pos, logprob_gap=gap,
+        detail=f"{probe.name}: {where} (>= {NEAR_TIE_GAP} or unknown is not a near tie)", **texts,
+    )  # fmt: skip
+
+
+def identity_result(preset: str, baseline_preset: str, judgements: list[ProbeJudgement]) -> Temp0Result:
+    """The probe set's result: passed only if every probe passed; the first failure's evidence up front."""
+    failed = [j for j in judgements if not j.passed]
+    first = failed[0] if failed else None
+    identical = sum(j.outcome is ProbeOutcome.IDENTICAL for j in judgements)
+    near = sum(j.outcome is ProbeOutcome.NEAR_TIE for j in judgements)
+    summary = (
+        f"{identical} identical, {near} near-tie flips, {len(failed)} failed of {len(judgements)} probes"
+    )
+    return Temp0Result(
+        preset=preset, baseline_preset=baseline_preset, prompts=len(judgements), identical=identical,
+        near_ties=near, passed=not failed, judgements=judgements,
+        first_divergence=first.first_divergence if first else None, logprob_gap=first.logprob_gap if first else None,
+        candidate_text=first.candidate_text if first else "", baseline_text=first.baseline_text if first else "",
+        detail=summary + (f"; first failure: {first.detail}" if first else ""),
+    )  # fmt: skip
 
 
 async def temp0_identity(
-    candidate: Server, baseline: Server, *, prompts: tuple[str, ...] = PROBE_PROMPTS, n_tokens: int = 48
+    candidate: Server,
+    baseline: Server,
+    *,
+    probes: tuple[IdentityProbe, ...] | None = None,
+    n_tokens: int = 48,
 ) -> Temp0Result:
-    """Token-id identity with the baseline; a divergence passes only as a near-tie (baseline gap < 0.25)."""
-    identical = near_ties = 0
-    failure: Temp0Result | None = None
-    async with httpx.AsyncClient(timeout=120.0) as client:
-        for prompt in prompts:
-            cand = await greedy(candidate, prompt, n_tokens, client)
-            base = await greedy(baseline, prompt, n_tokens, client)
-            cand_ids = list(cand.get("tokens") or [])  # type: ignore[call-overload]
-            base_ids = list(base.get("tokens") or [])  # type: ignore[call-overload]
-            if not cand_ids or not base_ids:
-                raise EngineError("the server returned no token ids; it must support return_tokens")
-            if cand_ids == base_ids:
-                identical += 1
-                continue
-            pos = next(
-                (i for i, (a, b) in enumerate(zip(cand_ids, base_ids, strict=False)) if a != b),
-                min(len(cand_ids), len(base_ids)),
-            )
-            probs = base.get("completion_probabilities") or []
-            gap = _top2_gap(probs[pos]) if isinstance(probs, list) and pos < len(probs) else None
-            if gap is not None and gap < NEAR_TIE_GAP:
-                near_ties += 1
-            elif failure is None:
-                failure = Temp0Result(
-                    preset=candidate.adapter.preset.name,
-                    baseline_preset=baseline.adapter.preset.name,
-                    prompts=len(prompts), identical=0, near_ties=0, passed=False,
-                    first_divergence=pos, logprob_gap=gap,
-                    candidate_text=str(cand.get("content", "")), baseline_text=str(base.get("content", "")),
-                    detail=f"prompt {prompt!r}: diverged at token {pos} with baseline top-2 gap "
-                    f"{'unknown' if gap is None else f'{gap:.3f}'} (>= {NEAR_TIE_GAP} is not a near-tie)",
-                )  # fmt: skip
-    if failure is not None:
-        return failure.model_copy(update={"identical": identical, "near_ties": near_ties})
-    return Temp0Result(
-        preset=candidate.adapter.preset.name,
-        baseline_preset=baseline.adapter.preset.name,
-        prompts=len(prompts),
-        identical=identical,
-        near_ties=near_ties,
-        passed=True,
-        detail=f"{identical} identical, {near_ties} near-tie flips of {len(prompts)} prompts",
-    )
+    """Token-id identity with the baseline over the probe set (the seed's 60 by default), via /v1/completions
+    with logprobs on both servers."""
+    probe_set = probes or identity_probes()
+    cand_streams = await greedy_streams(candidate, probe_set, n_tokens)
+    base_streams = await greedy_streams(baseline, probe_set, n_tokens)
+    judgements = [
+        judge_identity(p, c, b) for p, c, b in zip(probe_set, cand_streams, base_streams, strict=True)
+    ]
+    return identity_result(candidate.adapter.preset.name, baseline.adapter.preset.name, judgements)
+
+
+async def greedy_streams(
+    server: Server, probes: tuple[IdentityProbe, ...], n_tokens: int = 48
+) -> list[GreedyStream]:
+    """Each probe's temp-0 completion with token ids and top-2 gaps, from the server's /v1/completions."""
+    api = server.endpoint()
+    streams = []
+    for probe in probes:
+        stream = await api.greedy(probe.prompt, n_tokens)
+        if not stream.token_ids:
+            raise EngineError(f"probe {probe.name}: {server.adapter.preset.name} returned no token ids")
+        streams.append(stream)
+    return streams
 
 
 def haystack(length_words: int, depth: float, needle: str, seed: int) -> str:
@@ -124,24 +156,20 @@ def haystack(length_words: int, depth: float, needle: str, seed: int) -> str:
 async def needle_probe(
     server: Server,
     *,
-    depths: tuple[float, ...] = (0.1, 0.5, 0.9),
-    lengths: tuple[int, ...] = (64, 256),
+    depths: tuple[float, ...] = NEEDLE_DEPTHS,
+    lengths: tuple[int, ...] = NEEDLE_LENGTHS,
     confidence: float = 0.90,
 ) -> NeedleResult:
     """A deterministic string match over depths x lengths; k/n with its Clopper-Pearson interval."""
+    api = server.endpoint()
     trials: list[NeedleTrial] = []
-    async with httpx.AsyncClient(timeout=120.0) as client:
-        for length in lengths:
-            for depth in depths:
-                secret = str(random.Random(f"{length}:{depth}").randint(1000, 9999))
-                prompt = haystack(length, depth, f"the secret number is {secret} .", seed=length) + (
-                    " what is the secret number ? the secret number is"
-                )
-                out = await greedy(server, prompt, 8, client)
-                answer = str(out.get("content", ""))
-                trials.append(
-                    NeedleTrial(depth=depth, length_words=length, found=secret in answer, answer=answer)
-                )
+    for length in lengths:
+        for depth in depths:
+            prompt, secret = needle_prompt(length, depth)
+            answer = (await api.greedy(prompt, 8)).text
+            trials.append(
+                NeedleTrial(depth=depth, length_words=length, found=secret in answer, answer=answer)
+            )
     found = sum(t.found for t in trials)
     low, high = clopper_pearson(found, len(trials), confidence)
     return NeedleResult(
@@ -183,11 +211,20 @@ async def perplexity(
     ]  # fmt: skip
     if preset.threads:
         argv += ["-t", str(preset.threads)]
-    log_path.unlink(missing_ok=True)
-    rc = await run_logged(argv, log_path, env=preset.env)
-    if rc != 0:
-        raise EngineError(f"llama-perplexity failed (exit {rc}); last lines of {log_path}:\n{tail(log_path)}")
-    return parse_perplexity(log_path.read_text(errors="replace"))
+    # llama.cpp logs through a worker thread that can lose its last lines when the process exits (seen here:
+    # exit 0, the chunk values up to the next-to-last, no final estimate); the run is deterministic, so a run
+    # whose final line went missing is run again, at most twice.
+    for _ in range(3):
+        log_path.unlink(missing_ok=True)
+        rc = await run_logged(argv, log_path, env=preset.env)
+        if rc != 0:
+            raise EngineError(
+                f"llama-perplexity failed (exit {rc}); last lines of {log_path}:\n{tail(log_path)}"
+            )
+        text = log_path.read_text(errors="replace")
+        if _PPL.search(text):
+            break
+    return parse_perplexity(text)
 
 
 async def perplexity_delta(

@@ -9,8 +9,8 @@ from pathlib import Path
 from daedalus.engines.base import EngineAdapter, Server
 from daedalus.engines.llama_build import LlamaBuild
 from daedalus.engines.llama_cpp import LlamaCppAdapter
-from daedalus.engines.process import EngineError
 from daedalus.engines.vllm import VllmAdapter
+from daedalus.errors import EngineError
 from daedalus.ports import free_port
 from daedalus.schemas.engines import LlamaCppPreset, VllmPreset
 
@@ -32,16 +32,18 @@ async def launched(
     build: LlamaBuild | None,
     port: int | None = None,
     memory_limit_bytes: int | None = None,
-    timeout_s: float = 120.0,
+    timeout_s: float | None = None,
 ) -> AsyncIterator[Server]:
-    """A healthy server for the duration of the block; its whole process group is gone afterwards."""
+    """A healthy server for the duration of the block; its whole process group is gone afterwards.
+
+    The health wait is the preset's `health_timeout_s` unless `timeout_s` overrides it."""
     adapter = adapter_for(preset, build)
     workdir.mkdir(parents=True, exist_ok=True)
     server = await adapter.launch(
         model,
         port or free_port(),
         workdir / f"server-{preset.name}.log",
-        timeout_s=timeout_s,
+        timeout_s=timeout_s if timeout_s is not None else preset.health_timeout_s,
         memory_limit_bytes=memory_limit_bytes,
     )
     async with server:

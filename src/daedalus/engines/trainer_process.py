@@ -24,6 +24,8 @@ from pathlib import Path
 
 import psutil
 
+from daedalus.errors import TrainingInputError
+
 TRAINER_FILE = "trainer.json"
 EXIT_FILE = "exit.json"
 INTENT_FILE = "launch.intent"
@@ -33,10 +35,6 @@ ENV_MARKER = "DAEDALUS_TRAINING_INCARNATION"
 
 _keepers: dict[int, subprocess.Popen[bytes]] = {}
 """Keepers this process started, so it can reap them (no zombies in a long-lived worker)."""
-
-
-class TrainingInputError(ValueError):
-    """A run that cannot start as filed: the message says what to change."""
 
 
 def write_json_atomic(path: Path, data: dict[str, object]) -> None:

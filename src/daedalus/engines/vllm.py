@@ -6,6 +6,7 @@ exact text vLLM prints. `vllm` itself is only ever looked up lazily, here, on GP
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import re
@@ -13,9 +14,9 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from daedalus.engines.base import EngineAdapter
+from daedalus.engines.base import EngineAdapter, Server
 from daedalus.engines.metrics import counter, flatten, labels
-from daedalus.engines.process import EngineError
+from daedalus.errors import EngineError
 from daedalus.schemas._base import Model
 from daedalus.schemas.engines import VllmPreset
 
@@ -114,12 +115,33 @@ def parse_metrics(text: str) -> VllmMetrics:
     )
 
 
+async def prefix_caching_problem(server: Server) -> str | None:
+    """Prefix caching must be off unless the preset turns it on (the seed found hits take a broken path):
+    checked on the running server's own cache config, not on the command line we meant to give it."""
+    preset = server.adapter.preset
+    if not isinstance(preset, VllmPreset):
+        return None  # llama.cpp requests carry cache_prompt: false
+    try:
+        info = labels(await asyncio.to_thread(server.metrics_text), "vllm:cache_config_info")
+    except EngineError as exc:
+        return f"{preset.name}: cannot read vllm:cache_config_info to check prefix caching: {exc}"
+    enabled = info.get("enable_prefix_caching")
+    if enabled is None:
+        return None
+    if (enabled == "True") != preset.enable_prefix_caching:
+        return (
+            f"{preset.name}: the server runs with enable_prefix_caching={enabled}, the preset says "
+            f"{preset.enable_prefix_caching}"
+        )
+    return None
+
+
 class VllmAdapter(EngineAdapter):
     preset: VllmPreset
 
-    def __init__(self, preset: VllmPreset, executable: str = "vllm") -> None:
+    def __init__(self, preset: VllmPreset, executable: str | None = None) -> None:
         self.preset = preset
-        self.executable = executable
+        self.executable = executable or preset.executable
 
     def command(self, model: Path, port: int) -> list[str]:
         p = self.preset
@@ -147,6 +169,10 @@ class VllmAdapter(EngineAdapter):
 
     def environment(self) -> Mapping[str, str]:
         return self.preset.env
+
+    def request_extras(self) -> dict[str, object]:
+        # Token ids, not strings, in logprobs: the identity probes compare ids.
+        return {"return_tokens_as_token_ids": True}
 
     def validate(self, model: Path, port: int) -> None:
         # A model may be a Hugging Face id on GPU hosts, so only a path-looking model must exist.

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import csv
+import dataclasses
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -29,12 +31,16 @@ from daedalus.engines.memory import (
     MAX_FIT_POINTS,
     MemoryReader,
     Nvml,
+    OomCounters,
     SlopeFit,
+    cgroup_oom_file,
     fit_slope,
-    read_oom_kills,
+    kernel_log_oom,
+    oom_counters,
     read_psi_some_avg10,
     reader_for,
 )
+from daedalus.errors import TrainingInputError
 from daedalus.schemas.training import (
     GIB,
     CheckpointPolicy,
@@ -214,12 +220,12 @@ def validate_spec(spec: TrainingRunSpec) -> None:
     """Everything that can be checked on the host before a trainer starts; raises TrainingInputError."""
     cwd = spec.cwd.expanduser()
     if not cwd.is_dir():
-        raise tp.TrainingInputError(f"the run's working directory {cwd} does not exist")
+        raise TrainingInputError(f"the run's working directory {cwd} does not exist")
     tp.resolve_command(spec.command, cwd, spec.env)
     tp.check_writable_dir(spec.checkpoints.directory, "checkpoint directory")
     total = _mem_total()
     if spec.watchdog.budget_mib is None and spec.watchdog.threshold_bytes >= total:
-        raise tp.TrainingInputError(
+        raise TrainingInputError(
             f"min_available_gib {spec.watchdog.min_available_gib} is at or above this host's total memory "
             f"({total / GIB:.1f} GiB): the run would be stopped at once"
         )
@@ -343,9 +349,9 @@ class Supervisor:
         return record, False
 
     def _write_oom_baseline(self) -> None:
-        count = read_oom_kills()
-        if count is not None:
-            (self.run_dir / OOM_BASELINE_FILE).write_text(str(count))
+        # The trainer inherits this process's memory cgroup; its OOM counter is read before the launch.
+        baseline = oom_counters(cgroup_oom_file(os.getpid()))
+        (self.run_dir / OOM_BASELINE_FILE).write_text(json.dumps(dataclasses.asdict(baseline)))
 
     def _restore_curve(self) -> None:
         """Refill the stop rule from the curve on disk, so a re-attached watchdog keeps its window and count."""
@@ -452,10 +458,8 @@ class Supervisor:
         stop_reason = StopReason(str(stop["reason"])) if stop else None
         ended_at = exit_record.ended_at if exit_record else datetime.now(UTC)
         rc = exit_record.returncode if exit_record else None
-        cls, sig, summary = classify(rc, stop_reason, exit_record.error if exit_record else None)
-        oom_kills = self._oom_kills_delta()
-        if cls is DeathClass.KERNEL_OOM and oom_kills is not None:
-            summary += f"; kernel oom_kill counter +{oom_kills} during the run"
+        evidence, oom_kills = self._oom_evidence(record)
+        cls, sig, summary = classify(rc, stop_reason, exit_record.error if exit_record else None, evidence)
         self._prune()  # the checkpoint written on our stop signal may push an older one out
         artifacts = self._keep_evidence()
         curve = list(read_curve(self.run_dir / CURVE_FILE))
@@ -476,18 +480,23 @@ class Supervisor:
             min_available_gib=min(s.available for s in curve) / GIB if curve else None,
             slope_gib_per_h=fit.gib_per_h if fit else None,
             oom_kills_during_run=oom_kills,
+            oom_evidence=evidence,
             oom_score_adj=record.oom_score_adj if record else None,
             curve_path=artifacts[0],
             log_tail_path=artifacts[1],
         )
 
-    def _oom_kills_delta(self) -> int | None:
-        now = read_oom_kills()
+    def _oom_evidence(self, record: tp.TrainerRecord | None) -> tuple[list[str], int | None]:
+        """What the kernel says about OOM kills during the run, and the host-wide oom_kill delta."""
         try:
-            start = int((self.run_dir / OOM_BASELINE_FILE).read_text())
+            raw = json.loads((self.run_dir / OOM_BASELINE_FILE).read_text())
         except (OSError, ValueError):
-            return None
-        return None if now is None else now - start
+            raw = None
+        if isinstance(raw, int):  # written by an earlier version: the host-wide count only
+            raw = {"vmstat": raw}
+        before = OomCounters(**raw) if isinstance(raw, dict) else OomCounters()
+        cgroup_file = Path(before.cgroup_file) if before.cgroup_file else None
+        return oom_evidence(before, oom_counters(cgroup_file), kernel_log_oom(record.pid) if record else None)
 
     def _keep_evidence(self) -> tuple[str | None, str | None]:
         """Copy the memory curve and the log's tail into the artifact store; history carries only the paths."""
@@ -537,10 +546,30 @@ class Supervisor:
         )
 
 
+def oom_evidence(
+    before: OomCounters, after: OomCounters, kernel_log_line: str | None
+) -> tuple[list[str], int | None]:
+    """Evidence of a kernel OOM kill between two counter readings, and the host-wide oom_kill delta."""
+    evidence: list[str] = []
+    delta = None
+    if before.vmstat is not None and after.vmstat is not None:
+        delta = after.vmstat - before.vmstat
+        if delta > 0:
+            evidence.append(f"/proc/vmstat oom_kill +{delta} during the run (host-wide)")
+    if before.cgroup is not None and after.cgroup is not None and after.cgroup > before.cgroup:
+        evidence.append(
+            f"{after.cgroup_file} oom_kill +{after.cgroup - before.cgroup} (the trainer's memory cgroup)"
+        )
+    if kernel_log_line:
+        evidence.append(f"kernel log: {kernel_log_line}")
+    return evidence, delta
+
+
 def classify(
-    returncode: int | None, stop: StopReason | None, error: str | None = None
+    returncode: int | None, stop: StopReason | None, error: str | None = None, oom: list[str] | None = None
 ) -> tuple[DeathClass, str | None, str]:
-    """(class, signal name, one-line summary) of an exit status, given whether we had asked it to stop."""
+    """(class, signal name, one-line summary) of an exit status, given whether we had asked it to stop and
+    what the kernel's OOM counters and log say: a SIGKILL is a kernel OOM only with that evidence."""
     sig: str | None = None
     if returncode is not None and returncode < 0:
         sig = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
@@ -559,7 +588,14 @@ def classify(
     if error is not None:
         return DeathClass.CRASH, None, f"could not start: {error}"
     if sig == "SIGKILL":
-        return DeathClass.KERNEL_OOM, sig, "SIGKILL with no stop of ours (kernel OOM killer, presumed)"
+        if oom:
+            return DeathClass.KERNEL_OOM, sig, "SIGKILL by the kernel's OOM killer: " + "; ".join(oom)
+        return (
+            DeathClass.OUTSIDE_SIGKILL,
+            sig,
+            "killed by SIGKILL from outside (sender unknown): no OOM evidence (oom_kill counters unchanged, "
+            "no kernel log record)",
+        )
     if sig == "SIGTERM":
         return (
             DeathClass.OUTSIDE_SIGTERM,

@@ -37,6 +37,13 @@ class EngineKind(StrEnum):
     VLLM = "vllm"
 
 
+class ABResidency(StrEnum):
+    CONCURRENT = "concurrent"
+    """Both sides' servers up at once; rounds interleaved A B B A."""
+    ALTERNATE = "alternate"
+    """Start A, measure a round, stop; start B, measure, stop; ... (one set of GPUs holds one side)."""
+
+
 class DraftSpec(Model):
     """llama.cpp speculative decoding with a draft model; `self` drafts with the target model itself."""
 
@@ -70,6 +77,20 @@ class LlamaCppPreset(Model):
     draft: DraftSpec | None = None
     env: dict[str, str] = Field(default_factory=dict)
     extra_args: list[str] = Field(default_factory=list)
+    health_timeout_s: float = Field(
+        default=120.0, gt=0, description="how long a start may take to become healthy"
+    )
+    ab_residency: ABResidency | None = Field(
+        default=None,
+        description="A/B gates: may this preset's server be up beside its baseline's? None = concurrent on the "
+        "CPU (n_gpu_layers 0), alternating with any GPU layers",
+    )
+
+    @property
+    def residency(self) -> ABResidency:
+        if self.ab_residency is not None:
+            return self.ab_residency
+        return ABResidency.CONCURRENT if self.n_gpu_layers == 0 else ABResidency.ALTERNATE
 
     @field_validator("cache_type_k", "cache_type_v")
     @classmethod
@@ -121,6 +142,22 @@ class VllmPreset(Model):
     )
     env: dict[str, str] = Field(default_factory=dict)
     extra_args: list[str] = Field(default_factory=list)
+    health_timeout_s: float = Field(
+        default=1800.0, gt=0, description="a TP4 start with CUDA graph capture takes minutes, not seconds"
+    )
+    executable: str = Field(
+        default="vllm",
+        min_length=1,
+        description="the `vllm` to run: a fork's own venv, e.g. /opt/1cat-vllm/bin/vllm",
+    )
+    ab_residency: ABResidency = Field(
+        default=ABResidency.ALTERNATE,
+        description="A/B gates: 'concurrent' only when the GPUs hold this server and its baseline's together",
+    )
+
+    @property
+    def residency(self) -> ABResidency:
+        return self.ab_residency
 
     @field_validator("kv_cache_dtype")
     @classmethod
@@ -178,6 +215,14 @@ class RoundResult(Model):
     warmup: bool
     wall_s: float
     requests: list[RequestSample]
+    acceptance_length: float | None = Field(
+        default=None,
+        description="speculative decoding: 1 + accepted / drafts over this round (/metrics deltas)",
+    )
+    position_acceptance: list[float] = Field(
+        default_factory=list,
+        description="per draft position (1-based order): accepted / drafts over this round",
+    )
 
     @property
     def ok(self) -> bool:
@@ -185,10 +230,12 @@ class RoundResult(Model):
 
 
 class Summary(Model):
+    """A series' median and its order-statistic interval (None below the rounds the confidence needs)."""
+
     n: int
     median: float
-    ci_low: float
-    ci_high: float
+    ci_low: float | None
+    ci_high: float | None
     cv: float
 
 
@@ -226,7 +273,20 @@ class BenchResult(Model):
     invalid_reasons: list[str] = Field(default_factory=list)
     flags: list[str] = Field(default_factory=list)
     server_log: str | None = None
+    residency: Literal["concurrent", "alternating"] = Field(
+        default="concurrent",
+        description="A/B: both servers up at once, or started and stopped round by round",
+    )
+    client_cpu_s: float = Field(
+        default=0.0,
+        description="the measuring process's CPU seconds during the measured rounds (all threads)",
+    )
     rounds: list[RoundResult] = Field(default_factory=list, description="every round, warm-ups included")
+
+    @property
+    def client_cpu_us_per_token(self) -> float | None:
+        tokens = sum(q.completion_tokens for r in self.rounds if not r.warmup for q in r.requests)
+        return self.client_cpu_s / tokens * 1e6 if tokens else None
 
     @property
     def valid(self) -> bool:
@@ -246,20 +306,36 @@ class KvMeasurement(Model):
     pool_tokens: int | None = None
 
 
+class KibPerTokenFit(Model):
+    """KiB/token as the slope of memory over context size, with the fit's standard error."""
+
+    kib_per_token: float
+    standard_error: float
+    dof: int
+    reported_kib_per_token: float | None
+    measurements: list[KvMeasurement]
+
+
 class CapacityResult(Model):
-    """KiB/token by difference, the KV pool and its compression against a baseline preset."""
+    """KiB/token as the slope of memory over several context sizes (with the fit's standard error), the KV pool,
+    and compression against a baseline preset (its error by the delta method)."""
 
     preset: str
     baseline_preset: str | None = None
     measurements: list[KvMeasurement]
+    contexts: list[int] = Field(default_factory=list)
     kib_per_token: float
+    kib_per_token_se: float | None = None
+    fit_dof: int | None = Field(default=None, description="residual degrees of freedom of each slope fit")
     kib_source: Literal["rss", "nvml"] = Field(
         default="rss",
         description="host RSS (CPU presets) or NVML device memory (CUDA presets), by difference",
     )
     kib_per_token_reported: float | None = None
     baseline_kib_per_token: float | None = None
+    baseline_kib_per_token_se: float | None = None
     compression: float | None = None
+    compression_se: float | None = None
     pool_tokens: int | None = None
 
 
@@ -292,6 +368,45 @@ class WallResult(Model):
     findings: list[str] = Field(default_factory=list)
 
 
+class GreedyStream(Model):
+    """A temperature-0 completion as the probes compare it: token ids, text, and per position the gap between
+    the top two logprobs (None where the server gave fewer than two)."""
+
+    text: str
+    token_ids: list[int]
+    top2_gaps: list[float | None]
+
+
+class IdentityProbe(Model):
+    """One temp-0 identity prompt; `expect` is the answer it must still give (France -> Paris, a needle's
+    secret) when the candidate diverges from the baseline."""
+
+    name: str
+    prompt: str
+    expect: str | None = None
+
+
+class ProbeOutcome(StrEnum):
+    IDENTICAL = "identical"
+    NEAR_TIE = "near_tie"
+    """Diverged where the baseline's top-2 logprob gap was < 0.25, and the answer still holds."""
+    DIVERGED = "diverged"
+    """Diverged where the baseline was sure (gap >= 0.25, or unknown)."""
+    ANSWER_LOST = "answer_lost"
+    """Diverged and the baseline's correct answer is gone, whatever the gap."""
+
+
+class ProbeJudgement(Model):
+    probe: str
+    outcome: ProbeOutcome
+    passed: bool
+    first_divergence: int | None = None
+    logprob_gap: float | None = None
+    candidate_text: str = ""
+    baseline_text: str = ""
+    detail: str = ""
+
+
 class Temp0Result(Model):
     """Temp-0 token identity against a baseline, with the near-tie rule at the first divergence."""
 
@@ -301,6 +416,7 @@ class Temp0Result(Model):
     identical: int
     near_ties: int
     passed: bool
+    judgements: list[ProbeJudgement] = Field(default_factory=list)
     first_divergence: int | None = None
     logprob_gap: float | None = None
     candidate_text: str = ""

@@ -30,6 +30,9 @@ class Metric(StrEnum):
     TESTS_PASSED = "tests_passed"
     PREEMPTIONS = "preemptions"
     CONCURRENT_USERS = "concurrent_users"
+    MAX_CONCURRENCY = "max_concurrency"
+    ACCEPTANCE_LENGTH = "acceptance_length"
+    POSITION_ACCEPTANCE = "position_acceptance"
     FLOOR_FRACTION = "floor_fraction"
 
 
@@ -47,7 +50,20 @@ METRIC_DIRECTIONS: dict[Metric, Direction] = {
     Metric.TESTS_PASSED: Direction.HIGHER_IS_BETTER,
     Metric.PREEMPTIONS: Direction.LOWER_IS_BETTER,
     Metric.CONCURRENT_USERS: Direction.HIGHER_IS_BETTER,
+    Metric.MAX_CONCURRENCY: Direction.HIGHER_IS_BETTER,
+    Metric.ACCEPTANCE_LENGTH: Direction.HIGHER_IS_BETTER,
+    Metric.POSITION_ACCEPTANCE: Direction.HIGHER_IS_BETTER,
     Metric.FLOOR_FRACTION: Direction.HIGHER_IS_BETTER,
+}
+
+# Metrics that are not estimates: a count the engine reports from its own configuration, or events counted
+# in the run itself. They are judged as observed, and the verdict says so; every other metric needs an
+# interval (MEASUREMENT.md: no zero-width interval from one sample).
+EXACT_METRICS: dict[Metric, str] = {
+    Metric.KV_POOL_TOKENS: "deterministic: the KV pool the engine reports allocating at start-up",
+    Metric.MAX_CONCURRENCY: "deterministic: the engine's start-up maximum concurrency (pool / request length)",
+    Metric.TESTS_PASSED: "counted: tests the test runner reported passing in this run",
+    Metric.PREEMPTIONS: "counted: preempted or deferred requests observed during the measured rounds",
 }
 
 
@@ -92,6 +108,26 @@ class GateSpec(SpecModel):
         return f"{subject} {self.comparator} {self.threshold:g}"
 
 
+class Provenance(Model):
+    """What a measurement measured, so its verdict can be re-derived and trusted later."""
+
+    engine: str = Field(description="llama.cpp or vllm")
+    engine_build: str = Field(description="llama.cpp: source tree sha256; vLLM: the installed version")
+    engine_flags: list[str] = Field(default_factory=list, description="build flags, or the server's argv")
+    preset: str
+    preset_sha256: str = ""
+    baseline_preset: str | None = None
+    model: str = Field(description="a GGUF path, a Hugging Face model directory, or a Hugging Face id")
+    model_sha256: str | None = Field(default=None, description="see model_hash_method; None for a hub id")
+    model_hash_method: str = ""
+    workload: dict[str, str] = Field(default_factory=dict)
+    host: str = ""
+    commit: str = ""
+    artifacts: str = Field(
+        default="", description="the directory under the artifact directory with the raw data"
+    )
+
+
 class GateMeasurement(SpecModel):
     """What a gate command prints on stdout, as one JSON object.
 
@@ -106,7 +142,18 @@ class GateMeasurement(SpecModel):
     preemptions: int = Field(default=0, ge=0)
     token_count_mismatches: int = Field(default=0, ge=0)
     invalid_reason: str | None = None
+    standard_error: float | None = Field(
+        default=None,
+        ge=0,
+        description="the single sample's own standard error (llama-perplexity's +/-, a fit slope's error)",
+    )
+    error_dof: int | None = Field(
+        default=None,
+        ge=1,
+        description="degrees of freedom of standard_error (a fit's residual dof); None = normal",
+    )
     evidence: dict[str, str] = Field(default_factory=dict)
+    provenance: Provenance | None = None
 
     @model_validator(mode="after")
     def _paired(self) -> "GateMeasurement":
@@ -114,6 +161,11 @@ class GateMeasurement(SpecModel):
             raise ValueError(
                 f"an A/B measurement needs one baseline sample per candidate sample; got "
                 f"{len(self.samples)} candidate and {len(self.baseline_samples)} baseline samples"
+            )
+        if self.standard_error is not None and (len(self.samples) != 1 or self.baseline_samples is not None):
+            raise ValueError(
+                "standard_error belongs to a single estimate (one sample, no baseline_samples); repeated "
+                f"samples carry their spread themselves, got {len(self.samples)} samples"
             )
         return self
 
@@ -142,8 +194,21 @@ class GateResult(Model):
     ci_low: float | None = None
     ci_high: float | None = None
     cv: float | None = None
+    rounds_needed: int | None = Field(
+        default=None, description="more samples needed before the interval can reach the confidence asked"
+    )
+    standard_error: float | None = None
+    error_dof: int | None = None
     confidence: float = 0.90
     unit: str = ""
     host: str = ""
     commit: str = ""
     evidence: dict[str, str] = Field(default_factory=dict)
+    provenance: Provenance | None = None
+    gate_spec: GateSpec | None = Field(
+        default=None, description="the gate as judged: re-deriving needs its rule"
+    )
+    measurement: GateMeasurement | None = Field(
+        default=None,
+        description="the measurement as judged (without evidence paths): re-deriving needs it whole",
+    )

@@ -151,7 +151,9 @@ class TrainingRunSpec(SpecModel):
     state_dir: Path | None = Field(
         default=None, description="pidfiles and curves; default <artifact dir>/training"
     )
-    artifact_dir: Path | None = Field(default=None, description="default Settings().artifact_dir")
+    artifact_dir: Path | None = Field(
+        default=None, description="default: the host worker's artifact directory (DAEDALUS_ARTIFACTS)"
+    )
     history_limit: int = Field(
         default=2000, ge=100, le=9000, description="continue-as-new past this many events"
     )
@@ -163,7 +165,10 @@ class TrainingRunSpec(SpecModel):
 
 class DeathClass(StrEnum):
     KERNEL_OOM = "kernel_oom"
-    """SIGKILL with no stop of ours (the kernel's OOM killer; /proc/vmstat oom_kill tells if it was confirmed)."""
+    """SIGKILL by the kernel's OOM killer, with evidence: an oom_kill counter moved (/proc/vmstat, the memory
+    cgroup's memory.events) or the kernel log names the trainer."""
+    OUTSIDE_SIGKILL = "outside_sigkill"
+    """SIGKILL from outside, sender unknown: not ours, and no OOM evidence."""
     OUTSIDE_SIGTERM = "outside_sigterm"
     """SIGTERM from someone else (earlyoom, systemd-oomd, a person)."""
     OUTSIDE_SIGNAL = "outside_signal"
@@ -182,6 +187,7 @@ class DeathClass(StrEnum):
 COUNTED_DEATHS = frozenset(
     {
         DeathClass.KERNEL_OOM,
+        DeathClass.OUTSIDE_SIGKILL,
         DeathClass.OUTSIDE_SIGTERM,
         DeathClass.OUTSIDE_SIGNAL,
         DeathClass.WATCHDOG_STOP,
@@ -229,6 +235,7 @@ class Death(Model):
     min_available_gib: float | None = None
     slope_gib_per_h: float | None = None
     oom_kills_during_run: int | None = Field(default=None, description="/proc/vmstat oom_kill delta")
+    oom_evidence: list[str] = Field(default_factory=list, description="why a SIGKILL was judged a kernel OOM")
     oom_score_adj: int | None = None
     curve_path: str | None = None
     log_tail_path: str | None = None

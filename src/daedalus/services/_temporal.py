@@ -10,9 +10,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-
-class TicketError(Exception):
-    """A request Daedalus refused; the message is for the person who made it."""
+from daedalus.errors import TicketError as TicketError
 
 
 class UnknownRequest(TicketError):

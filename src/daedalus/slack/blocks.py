@@ -14,6 +14,7 @@ from slack_sdk.models.blocks import (
     SectionBlock,
 )
 
+from daedalus.errors import BadButton
 from daedalus.escaping import for_slack, plain
 from daedalus.schemas.ticket import DecisionRequest
 from daedalus.slack.models import ButtonValue
@@ -24,10 +25,6 @@ each button's id is `decide:<option>`; the click handler matches the prefix."""
 
 SECTION_LIMIT = 3000
 STYLES = {"approve": "primary", "reject": "danger", "fail": "danger", "accept": "primary"}
-
-
-class BadButton(ValueError):
-    """A button value that is not one Daedalus made."""
 
 
 def action_id(option: str) -> str:

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import re
 
-from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from daedalus.schemas.ticket import PERSON_PATTERN
 
 SLACK_API = "https://slack.com/api/"
 
 
-class SlackSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="DAEDALUS_SLACK_", env_file=".env", extra="ignore")
+class SlackSettings(BaseModel):
+    """The `slack` section of daedalus.config.Settings (DAEDALUS_SLACK_*)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     bot_token: SecretStr | None = Field(default=None, description="xoxb-...; unset = notifications are off")
     channel: str | None = Field(default=None, description="channel id (C...) where decision requests go")

@@ -49,6 +49,10 @@ def verdicts(*, session: Session, ticket_id: str) -> Sequence[VerdictRow]:
     return session.exec(query.order_by(col(VerdictRow.recorded_at), col(VerdictRow.id))).all()
 
 
+def verdict(*, session: Session, verdict_id: int) -> VerdictRow | None:
+    return session.get(VerdictRow, verdict_id)
+
+
 def decisions(
     *, session: Session, ticket_id: str | None = None, pending: bool = False
 ) -> Sequence[DecisionRow]:

@@ -34,7 +34,9 @@ def apply(*, session: Session, record: AuditRecord) -> bool:
                 ticket_id=event.ticket_id,
                 attempt=record.attempt,
                 recorded_at=event.at,
-                **result.model_dump(exclude={"evidence"}),
+                **result.model_dump(mode="json", exclude={"metric", "verdict"}),
+                metric=result.metric.value,
+                verdict=result.verdict.value,
             )
         )
     try:

@@ -1,6 +1,7 @@
 """SQLModel tables. Rows are written only through `daedalus.store.records.apply`, one audit event at a time."""
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import JSON, Column, UniqueConstraint
 from sqlmodel import Field, SQLModel
@@ -104,6 +105,17 @@ class VerdictRow(SQLModel, table=True):
     host: str
     commit: str
     recorded_at: datetime
+    unit: str = ""
+    rounds_needed: int | None = None
+    standard_error: float | None = None
+    error_dof: int | None = None
+    # What `daedalus verdict rederive` needs: the gate as judged, the measurement, and what was measured.
+    gate_spec: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    measurement: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    provenance: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    evidence: dict[str, str] = Field(
+        default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}")
+    )
 
 
 class LessonRow(SQLModel, table=True):

@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         TrainingEscalationOption,
         TrainingRunSubject,
     )
+    from daedalus.errors import TrainingInputError
     from daedalus.ids import host_queue, ticket_workflow_id
     from daedalus.schemas.audit import AuditKind, TrailState
     from daedalus.schemas.ticket import AgentSpec, TicketInput, TicketKind, TicketSpec
@@ -338,7 +339,7 @@ class TrainingRunWorkflow:
                 retry_policy=RetryPolicy(
                     initial_interval=timedelta(seconds=1),
                     maximum_interval=timedelta(seconds=30),
-                    non_retryable_error_types=["TrainingInputError"],
+                    non_retryable_error_types=[TrainingInputError.type_name],
                 ),
             )
             try:
@@ -348,11 +349,11 @@ class TrainingRunWorkflow:
                     raise  # the workflow itself is cancelled
                 inp = inp.model_copy(update={"stop_requested": True})
             except ActivityError as err:
-                cause = err.cause
-                if isinstance(cause, ApplicationError) and cause.type == "TrainingInputError":
+                refused = TrainingInputError.failure_in(err)
+                if refused is not None:
                     self._set(state=RunState.GAVE_UP)
                     raise ApplicationError(
-                        f"training run {self.spec.name} cannot start: {cause.message}", non_retryable=True
+                        f"training run {self.spec.name} cannot start: {refused.message}", non_retryable=True
                     ) from err
                 if self.c.stop is None:
                     raise
