@@ -182,7 +182,7 @@ async def drive_ticket(stack: Any, spec_data: dict[str, Any], deadline_s: float)
 
     spec = tickets.parse_spec(spec_data, "bench/gpu.py ticket")
     handle = await tickets.file_ticket(
-        stack.client, spec, queue=Settings().control_queue, filed_by="gpu-bench"
+        stack.client, spec, queue=Settings().temporal.control_queue, filed_by="gpu-bench"
     )
     log(f"filed ticket {spec.id} ({handle.id}) on host {spec.host}")
     result = asyncio.ensure_future(handle.result())
@@ -216,7 +216,7 @@ async def drive_training(stack: Any, spec_data: dict[str, Any], deadline_s: floa
 
     spec = TrainingRunSpec.model_validate(spec_data)
     handle = await stack.client.start_workflow(TrainingRunWorkflow.run, TrainingRunInput(spec=spec),
-                                               id=spec.workflow_id, task_queue=Settings().control_queue)  # fmt: skip
+                                               id=spec.workflow_id, task_queue=Settings().temporal.control_queue)  # fmt: skip
     log(f"started training run {spec.name} on {spec.host}")
     started = time.monotonic()
     seen = -1
