@@ -14,10 +14,21 @@ The tree says what kind of trouble it is, and so what a person does about it:
     │   ├── DevServerError            the embedded Temporal dev server cannot start
     │   ├── GitError                  a git command failed (missing checkout, unknown commit)
     │   ├── AgentConfigError          a coding agent cannot start as configured (binary, key, model)
-    │   └── LeadUnavailable           the lead agent has no provider to ask
+    │   ├── LeadUnavailable           the lead agent has no provider to ask
+    │   ├── RegistryError             hosts.yaml is missing or invalid, or lacks what is asked of it
+    │   ├── EngineRepoUnavailable     an engine repo cannot be reached from the host, or lacks the commit
+    │   ├── BundleError               an offline host bundle cannot be built or installed
+    │   └── SandboxError              the agent sandbox cannot be set up as asked
+    │       └── SandboxUnavailable    bubblewrap is not installed (`make system`)
     ├── EngineError                   an engine could not be built, started or measured
     │   ├── BuildError                CMake failed
-    │   └── ServerDied                the engine's server process exited
+    │   ├── ServerDied                the engine's server process exited
+    │   ├── MetricsUnavailable        the server's /metrics could not be read
+    │   ├── ApiError                  an OpenAI-compatible request was refused or unreadable
+    │   └── GpuUnavailable            the measurement needs a GPU (CUDA torch or NVML) this host lacks
+    ├── LeaseError                    a GPU lease was refused, lost, or its keeper cannot be reached
+    │   ├── LeaseRefused              the keeper refused it (no such GPU, a standing constraint, a tenant)
+    │   └── LeaseLost                 it expired or was revoked while held
     ├── AgentError                    a coding agent misbehaved or its provider gave up
     │   ├── AgentViolation            it did something it must not
     │   ├── BudgetExceeded            it spent its budget
@@ -50,20 +61,31 @@ __all__ = [
     "AgentConfigError",
     "AgentError",
     "AgentViolation",
+    "ApiError",
     "ApiFailure",
     "BadButton",
     "BadSettings",
     "BudgetExceeded",
     "BuildError",
+    "BundleError",
     "DaedalusError",
     "DevServerError",
     "EngineError",
+    "EngineRepoUnavailable",
     "ForbiddenCommand",
     "GitError",
+    "GpuUnavailable",
     "InputError",
     "LeadUnavailable",
+    "LeaseError",
+    "LeaseLost",
+    "LeaseRefused",
+    "MetricsUnavailable",
     "PathEscape",
     "PresetError",
+    "RegistryError",
+    "SandboxError",
+    "SandboxUnavailable",
     "ServerDied",
     "SetupError",
     "SlackUnavailable",
@@ -152,6 +174,26 @@ class AgentConfigError(SetupError):
     """The agent cannot start as configured (missing key, missing binary, unknown model)."""
 
 
+class RegistryError(SetupError):
+    """hosts.yaml is missing or invalid, or names something it does not declare; the message says where."""
+
+
+class EngineRepoUnavailable(SetupError):
+    """The engine repo cannot be reached from this host, or lacks the commit; the message says what to fix."""
+
+
+class BundleError(SetupError):
+    """A bundle could not be built or installed; the message says what to change."""
+
+
+class SandboxError(SetupError):
+    """The sandbox cannot be set up as asked; the message says what to fix."""
+
+
+class SandboxUnavailable(SandboxError):
+    """bubblewrap is not installed on this host."""
+
+
 class LeadUnavailable(SetupError):
     """The lead agent cannot be asked (no key, the provider refused); callers fall back to plain facts."""
 
@@ -174,12 +216,42 @@ class ServerDied(EngineError):
     """The server process exited; the message carries its exit code and log tail."""
 
 
+class MetricsUnavailable(EngineError):
+    """The server's /metrics could not be read."""
+
+
+class ApiError(EngineError):
+    """The server answered an OpenAI-compatible request with an error, or with something unreadable."""
+
+
+class GpuUnavailable(EngineError):
+    """The measurement needs a GPU (torch with CUDA, or NVML) that this host does not have."""
+
+
 class PresetError(EngineError, InputError):
     """A preset file is missing or invalid; the message names the file and the field."""
 
 
 class UnsupportedMetric(EngineError, InputError):
     """A gate names a metric the engines cannot produce."""
+
+
+# ---- agents ---------------------------------------------------------------------------------------------
+
+
+# ---- GPU leases ----------------------------------------------------------------------------------------
+
+
+class LeaseError(DaedalusError):
+    """A lease was refused, lost, or its keeper cannot be reached; the message says why and what to do."""
+
+
+class LeaseRefused(LeaseError):
+    """The keeper refused the lease (no such GPU, a standing constraint, a tenant that would not free them)."""
+
+
+class LeaseLost(LeaseError):
+    """A held lease expired or was revoked; the step under it must stop."""
 
 
 # ---- agents ---------------------------------------------------------------------------------------------

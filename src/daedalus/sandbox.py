@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from daedalus.errors import SandboxError, SandboxUnavailable
 from daedalus.processes import STEP_TOKEN_ENV
 
 SANDBOX_ENV = "DAEDALUS_SANDBOX"
@@ -59,14 +60,6 @@ AGENT_IDENTITY = {
     "GIT_COMMITTER_NAME": "daedalus-agent",
     "GIT_COMMITTER_EMAIL": "agent@daedalus.local",
 }
-
-
-class SandboxError(RuntimeError):
-    """The sandbox cannot be set up as asked; the message says what to fix."""
-
-
-class SandboxUnavailable(SandboxError):
-    """bubblewrap is not installed on this host."""
 
 
 def bwrap_binary() -> str:

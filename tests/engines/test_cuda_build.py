@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from daedalus.cli import app
+from daedalus.engines import paths
 from daedalus.engines.llama_build import (
     CMAKE_FLAGS,
     CPU,
@@ -94,7 +95,7 @@ def test_a_cuda_build_without_nvcc_fails_before_cmake_and_leaves_no_build(
     source = tmp_path / "src"
     source.mkdir()
     (source / "CMakeLists.txt").write_text("project(x)\n")
-    monkeypatch.setenv("DAEDALUS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(paths, "_configured", paths.EngineSettings(cache_dir=tmp_path / "cache"))
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-toolkit"))
     monkeypatch.delenv("CUDACXX", raising=False)
@@ -109,7 +110,7 @@ def test_a_cpu_build_is_never_taken_for_a_cuda_one(tmp_path: Path, monkeypatch: 
     source = tmp_path / "src"
     source.mkdir()
     (source / "CMakeLists.txt").write_text("project(x)\n")
-    monkeypatch.setenv("DAEDALUS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(paths, "_configured", paths.EngineSettings(cache_dir=tmp_path / "cache"))
     root = build_root(CPU.cache_key(source_hash(source)))
     root.mkdir(parents=True)
     (root / "build.json").write_text("{}")

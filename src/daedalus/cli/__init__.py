@@ -35,6 +35,7 @@ app = typer.Typer(
 @app.callback()
 def _settings() -> None:
     """Durable, auditable tickets for an ML-inference team, on Temporal."""
+    settings.cache_clear()  # built afresh for each invocation (in-process runners invoke the app many times)
     settings()  # once, before any command: a bad DAEDALUS_* value stops here with its name
 
 

@@ -17,15 +17,11 @@ import structlog
 from daedalus.engines.metrics import flatten
 from daedalus.engines.openai_api import OpenAIEndpoint
 from daedalus.engines.process import GroupProcess, tail
-from daedalus.errors import EngineError, ServerDied
+from daedalus.errors import EngineError, MetricsUnavailable, ServerDied
 from daedalus.ports import port_in_use
 from daedalus.schemas.engines import LlamaCppPreset, VllmPreset
 
 log = structlog.get_logger(__name__)
-
-
-class MetricsUnavailable(EngineError):
-    """The server's /metrics could not be read."""
 
 
 class Server:

@@ -19,12 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from daedalus.engines.process import EngineError
+from daedalus.errors import GpuUnavailable
 
 GIB = 1024**3
-
-
-class GpuUnavailable(EngineError):
-    """The measurement needs a GPU (torch with CUDA, or NVML) that this host does not have."""
 
 
 @dataclass(frozen=True)

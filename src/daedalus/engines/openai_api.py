@@ -24,12 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from daedalus.engines.process import EngineError
+from daedalus.errors import ApiError
 from daedalus.schemas.engines import GreedyStream, RequestSample
-
-
-class ApiError(EngineError):
-    """The server answered an OpenAI-compatible request with an error, or with something unreadable."""
 
 
 @dataclass

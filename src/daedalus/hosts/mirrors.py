@@ -18,15 +18,13 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+from daedalus.errors import EngineRepoUnavailable
+
 ENVIRONMENT_ERROR = "HostEnvironmentError"
 """The ApplicationError type of an environment failure on a host (engine repo unreachable, commit missing)."""
 
 GIT_TIMEOUT_S = 900.0
 _URL = re.compile(r"^(?:[a-z][a-z0-9+.-]*://|[A-Za-z0-9._-]+@[^:/]+:)")
-
-
-class EngineRepoUnavailable(Exception):
-    """The engine repo cannot be reached from this host, or lacks the commit; the message says what to fix."""
 
 
 def is_url(repo: str) -> bool:

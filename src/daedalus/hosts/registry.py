@@ -15,15 +15,12 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from daedalus.errors import RegistryError
 from daedalus.ids import host_queue
 from daedalus.schemas._base import Model
 from daedalus.schemas.ticket import TICKET_ID_PATTERN
 
 HOST_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
-
-
-class RegistryError(Exception):
-    """hosts.yaml is missing or invalid, or names something it does not declare; the message says where."""
 
 
 class GpuSpec(Model):
