@@ -21,7 +21,8 @@ from temporalio.worker import Worker
 
 from daedalus import errors
 from daedalus.activities.notify import NotifyActivities
-from daedalus.activities.training import SUPERVISE_NAME, TrainingActivities
+from daedalus.activities.refs import SUPERVISE_TRAINING
+from daedalus.activities.training import TrainingActivities
 from daedalus.errors import (
     DaedalusError,
     EngineError,
@@ -156,7 +157,9 @@ async def test_an_input_error_fails_the_activity_once_however_many_retries_are_a
         artifact_dir=tmp_path / "artifacts",
     )
     training = TrainingActivities(tmp_path / "artifacts")
-    call = Call(activity=SUPERVISE_NAME, payload=SuperviseInput(spec=spec, incarnation=1), max_attempts=5)
+    call = Call(
+        activity=SUPERVISE_TRAINING.name, payload=SuperviseInput(spec=spec, incarnation=1), max_attempts=5
+    )
     with pytest.raises(WorkflowFailureError) as failure:
         await run_call(temporal_client, task_queue, [training.supervise_training], call)
     activity, cause = activity_failure(failure)

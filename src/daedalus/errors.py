@@ -5,6 +5,7 @@ The tree says what kind of trouble it is, and so what a person does about it:
     DaedalusError                     root; `retryable` is stated once per class
     ├── InputError                    what was filed or asked is wrong: fix it and file again
     │   ├── TicketError               a request refused at the client (CLI, API, Slack, demo)
+    │   │   └── UnknownRequest        a decision for a request no ticket, training run or campaign asked
     │   ├── TrainingInputError        a training run that cannot start as filed
     │   ├── PresetError               a preset file is missing or invalid (also an EngineError)
     │   ├── UnsupportedMetric         a gate metric no engine measurement produces (also an EngineError)
@@ -94,6 +95,7 @@ __all__ = [
     "ToolError",
     "TrainingInputError",
     "TransientError",
+    "UnknownRequest",
     "UnsupportedMetric",
     "maps_errors",
 ]
@@ -140,6 +142,10 @@ class InputError(DaedalusError):
 
 class TicketError(InputError):
     """A request Daedalus refused; the message is for the person who made it."""
+
+
+class UnknownRequest(TicketError):
+    """A decision for a request no ticket, training run or campaign asked."""
 
 
 class TrainingInputError(InputError):

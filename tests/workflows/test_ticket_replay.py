@@ -10,6 +10,7 @@ workflow change is meant to be incompatible (and then patch the workflow for the
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from tests.support import failing_spec, make_engine_repo, running_workers, ticke
 from tests.ticket_helpers import HISTORIES, host_of, pending
 
 STORED = sorted(HISTORIES.glob("ticket-*.json"))
-CASES = {"passed", "escalated-stopped", "umbrella", "cancelled", "continued"}
+CASES = {"passed", "escalated-stopped", "umbrella", "umbrella-chained", "cancelled", "continued"}
 
 
 def replayer() -> Replayer:
@@ -154,6 +155,49 @@ async def test_record_umbrella_with_a_child(
         handle = await daedalus.file_ticket(temporal_client, parent, queue=task_queue)
         assert (await handle.result()).status is TicketStatus.PASSED
     await replay_and_keep(handle, "umbrella")
+
+
+NOTES_PATCH = "--- /dev/null\n+++ b/notes.txt\n@@ -0,0 +1 @@\n+fused kernel on top of the align-tax fix\n"
+
+
+async def test_record_umbrella_whose_second_child_builds_on_the_first(
+    temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
+) -> None:
+    """Sub-tickets in sequence build on each other (6d's fix is under 6e): the second child names no base, so it
+    starts from the first child's accepted commit, whose speed patch is what lets its decode gate pass."""
+    host = host_of(task_queue)
+    repo = make_engine_repo(tmp_path / "repo")
+    engine = {"name": "toy", "kind": "llama_cpp", "repo": str(repo)}  # base_commit: the default, HEAD
+    first = ticket_spec(repo, host, id=f"d{uuid.uuid4().hex[:7]}", engine=engine)
+    second = ticket_spec(
+        repo,
+        host,
+        id=f"e{uuid.uuid4().hex[:7]}",
+        engine=engine,
+        agent={"name": "scripted", "patch": NOTES_PATCH},
+    )
+    parent = TicketSpec.model_validate(
+        {
+            "id": f"u{uuid.uuid4().hex[:8]}",
+            "title": "chained umbrella",
+            "kind": "umbrella",
+            "host": host,
+            "children": [first.model_dump(mode="json"), second.model_dump(mode="json")],
+        }
+    )
+    async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
+        handle = await daedalus.file_ticket(temporal_client, parent, queue=task_queue)
+        final = await handle.result()
+        one, two = [await daedalus.status(temporal_client, c.id) for c in (first, second)]
+    assert final.status is TicketStatus.PASSED, final.outcome_reason
+    [accepted] = [a.commit for a in one.attempts]
+    assert accepted and two.spec.engine is not None and two.spec.engine.base_commit == accepted
+    [built] = [a.commit for a in two.attempts]
+    parent_of_built = subprocess.run(
+        ["git", "rev-parse", f"{built}^"], cwd=repo, check=True, capture_output=True, text=True
+    ).stdout.strip()
+    assert parent_of_built == accepted
+    await replay_and_keep(handle, "umbrella-chained")
 
 
 async def test_record_cancelled_while_awaiting_approval(

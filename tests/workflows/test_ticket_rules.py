@@ -9,7 +9,14 @@ import pytest
 
 from daedalus.decisions.schemas import TicketEscalationOption
 from daedalus.schemas.gates import GateResult, Verdict
-from daedalus.schemas.ticket import AttemptOutcome, AttemptSummary, Granted, TicketSpec, TicketStatus
+from daedalus.schemas.ticket import (
+    AttemptOutcome,
+    AttemptSummary,
+    Granted,
+    TicketSpec,
+    TicketState,
+    TicketStatus,
+)
 from daedalus.workflows import ticket_rules as rules
 from tests.support import ticket_spec
 
@@ -109,3 +116,32 @@ def test_the_brief_carries_the_last_failure() -> None:
     failed = attempt(1, AttemptOutcome.BUILD_FAILED).model_copy(update={"detail": "undefined symbol"})
     text = rules.brief(spec(constraints=["no new deps"]), [failed], 2, 3)
     assert "no new deps" in text and "undefined symbol" in text and "attempt 2 of 3" in text
+
+
+def closed(status: TicketStatus, *attempts: AttemptSummary) -> TicketState:
+    return TicketState(spec=spec(), status=status, attempts=list(attempts))
+
+
+def committed(number: int, outcome: AttemptOutcome, commit: str) -> AttemptSummary:
+    return attempt(number, outcome).model_copy(update={"commit": commit})
+
+
+def test_the_accepted_commit_is_the_last_one_whose_gates_passed_or_the_decider_accepted() -> None:
+    failed, passed = (
+        committed(1, AttemptOutcome.GATES_FAILED, "aaa"),
+        committed(2, AttemptOutcome.GATES_PASSED, "bbb"),
+    )
+    assert rules.accepted_commit(closed(TicketStatus.PASSED, failed, passed)) == "bbb"
+    # Accepted by the decider (or closed under an exception) with no passing attempt: its last commit.
+    assert rules.accepted_commit(closed(TicketStatus.CLOSED_UNDER_EXCEPTION, failed)) == "aaa"
+    assert rules.accepted_commit(closed(TicketStatus.FAILED, failed, passed)) is None
+    assert rules.accepted_commit(closed(TicketStatus.PASSED)) is None  # an umbrella: nothing of its own
+
+
+def test_a_child_builds_on_its_predecessor_unless_its_spec_names_a_base() -> None:
+    engine = {"name": "toy", "kind": "llama_cpp", "repo": "/repo"}
+    default = ticket_spec(Path("/repo"), "h", engine=engine)
+    named = ticket_spec(Path("/repo"), "h", engine={**engine, "base_commit": "f7332846"})
+    assert rules.builds_on(default, "bbb").engine.base_commit == "bbb"  # type: ignore[union-attr]
+    assert rules.builds_on(named, "bbb") == named
+    assert rules.builds_on(default, None) == default

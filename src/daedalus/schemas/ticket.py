@@ -281,6 +281,9 @@ class TicketCarry(Model):
     desk: DeskState = Field(default_factory=DeskState)
     trail: TrailState = Field(default_factory=TrailState)
     continued: int = Field(default=0, ge=0, description="how many times the ticket continued as new")
+    accepted_commit: str | None = Field(
+        default=None, description="the last sub-ticket's accepted commit, which the next one builds on"
+    )
 
 
 class TicketInput(Model):

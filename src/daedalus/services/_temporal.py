@@ -11,10 +11,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from daedalus.errors import TicketError as TicketError
-
-
-class UnknownRequest(TicketError):
-    """A decision for a request no ticket or training run asked."""
+from daedalus.errors import UnknownRequest as UnknownRequest
 
 
 async def connect(address: str, namespace: str = "default") -> Client:

@@ -46,6 +46,9 @@ with workflow.unsafe.imports_passed_through():
     from daedalus.workflows.ticket_steps import TicketSteps
     from daedalus.workflows.trail import AuditTrail
 
+CHILDREN_BUILD_ON_PREDECESSOR = "children-build-on-predecessor"
+"""Patch: a sub-ticket starts from its predecessor's accepted commit (histories before it started from base)."""
+
 
 @workflow.defn(name="TicketWorkflow")
 class TicketWorkflow:
@@ -198,6 +201,8 @@ class TicketWorkflow:
             if self.s.children.get(child.id, TicketStatus.DRAFT).is_closed:
                 continue  # closed before this ticket continued as new
             self.steps.raise_if_interrupted()
+            if workflow.patched(CHILDREN_BUILD_ON_PREDECESSOR):
+                child = rules.builds_on(child, self.s.accepted_commit)
             self._set(children={**self.s.children, child.id: TicketStatus.DRAFT})
             await self.trail.record(AuditKind.CHILD, f"sub-ticket {child.id} started: {child.title}")
             result: TicketState = await self.steps.run(
@@ -208,7 +213,10 @@ class TicketWorkflow:
                     search_attributes=sa.at_start(child),
                 )
             )
-            self._set(children={**self.s.children, child.id: result.status})
+            self._set(
+                children={**self.s.children, child.id: result.status},
+                accepted_commit=rules.accepted_commit(result) or self.s.accepted_commit,
+            )
             await self.trail.record(
                 AuditKind.CHILD,
                 f"sub-ticket {child.id} closed {result.status.value}: {result.outcome_reason}",

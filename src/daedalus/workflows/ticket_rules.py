@@ -152,6 +152,26 @@ def escalation_outcome(option: TicketEscalationOption, by: str, why: str) -> Clo
             assert_never(option)
 
 
+def accepted_commit(result: TicketState) -> str | None:
+    """The commit a closed ticket's work was accepted at: the last attempt whose gates passed, or, when the
+    decider accepted it or closed it under an exception, its last commit. None when nothing was accepted."""
+    if result.status not in (TicketStatus.PASSED, TicketStatus.CLOSED_UNDER_EXCEPTION):
+        return None
+    committed = [a for a in result.attempts if a.commit]
+    passed = [a for a in committed if a.outcome is AttemptOutcome.GATES_PASSED]
+    chosen = (passed or committed)[-1:]
+    return chosen[0].commit if chosen else None
+
+
+def builds_on(child: TicketSpec, predecessor_commit: str | None) -> TicketSpec:
+    """A sub-ticket in a sequence starts from its predecessor's accepted commit, unless its spec names a base
+    (any `base_commit` other than the default HEAD)."""
+    if predecessor_commit is None or child.engine is None or child.engine.base_commit != "HEAD":
+        return child
+    engine = child.engine.model_copy(update={"base_commit": predecessor_commit})
+    return child.model_copy(update={"engine": engine})
+
+
 def children_outcome(children: dict[str, TicketStatus]) -> Closed:
     """An umbrella passes when its children passed; exceptions only close it under an exception."""
     not_passed = {c: s.value for c, s in children.items() if s is not TicketStatus.PASSED}
