@@ -12,6 +12,7 @@ import pytest
 
 from daedalus.agents.settings import AgentSettings
 from daedalus.config import LEGACY_NAMES, Settings
+from daedalus.devserver import DevServer
 from daedalus.errors import BadSettings
 from daedalus.slack.settings import SlackSettings
 from daedalus.worker import WorkerConfig
@@ -163,3 +164,14 @@ def test_the_cli_stops_at_a_bad_value_with_its_name(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert "DAEDALUS_TEMPORAL_PORT: Input should be a valid integer" in done.stderr
     assert "'seventy'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_embedded_servers_sqlite_sync_is_a_setting(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """synchronous=normal (the default) survives a process crash; full also survives a power loss."""
+    assert Settings.load().temporal.sqlite_synchronous == "normal"
+    monkeypatch.setenv("DAEDALUS_TEMPORAL_SQLITE_SYNCHRONOUS", "full")
+    chosen = Settings.load().temporal.sqlite_synchronous
+    command = DevServer(db_file=tmp_path / "t.db", port=1, ui_port=None, synchronous=chosen).command()
+    assert "synchronous=full" in command and "journal_mode=wal" in command

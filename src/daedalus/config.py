@@ -35,6 +35,7 @@ from pydantic_settings import (
 
 from daedalus.agents.settings import AgentSettings
 from daedalus.api.settings import ApiSettings
+from daedalus.devserver import SqliteSynchronous
 from daedalus.engines.paths import EngineSettings
 from daedalus.errors import BadSettings
 from daedalus.slack.settings import SlackSettings
@@ -82,6 +83,10 @@ class TemporalSettings(BaseModel):
     ui_port: int = Field(default=8233, ge=1, le=65535, description="the embedded dev server's Web UI")
     namespace: str = "default"
     control_queue: str = Field(default=CONTROL_QUEUE, min_length=1)
+    sqlite_synchronous: SqliteSynchronous = Field(
+        default="normal",
+        description="the embedded server's SQLite sync: normal survives a process crash, full also a power loss",
+    )
 
     @property
     def target(self) -> str:

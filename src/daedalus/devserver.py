@@ -12,12 +12,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 
 from temporalio.client import Client
 
 from daedalus.errors import DevServerError
 from daedalus.ports import port_is_open
 from daedalus.schemas.search_attributes import SEARCH_ATTRIBUTES
+
+SqliteSynchronous = Literal["off", "normal", "full", "extra"]
+"""SQLite's `synchronous` pragma for the embedded server's file: what a power loss may cost."""
 
 
 def temporal_binary() -> Path:
@@ -34,8 +38,16 @@ def temporal_binary() -> Path:
 class DevServer:
     """`temporal server start-dev` in its own process group, with Daedalus's search attributes registered."""
 
-    def __init__(self, db_file: Path | None, port: int, ui_port: int | None, log_file: Path | None = None):
+    def __init__(
+        self,
+        db_file: Path | None,
+        port: int,
+        ui_port: int | None,
+        log_file: Path | None = None,
+        synchronous: SqliteSynchronous = "normal",
+    ):
         self.db_file = db_file
+        self.synchronous = synchronous
         self.port = port
         self.ui_port = ui_port
         self.log_file = log_file
@@ -49,10 +61,16 @@ class DevServer:
         cmd = [str(temporal_binary()), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(self.port)]
         cmd += ["--log-level", "warn", "--namespace", "default"]
         if self.db_file is not None:
-            # WAL with normal sync: each history write is one append instead of a rollback-journal rewrite,
-            # still safe across a crash of the process (the dev server is one machine's embedded default).
+            # WAL: each history write is one append instead of a rollback-journal rewrite. synchronous=normal
+            # survives a crash of the process but may lose the last transactions on power loss; "full" fsyncs
+            # every commit (DAEDALUS_TEMPORAL_SQLITE_SYNCHRONOUS). Production runs Temporal on PostgreSQL.
             cmd += ["--db-filename", str(self.db_file)]
-            cmd += ["--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal"]
+            cmd += [
+                "--sqlite-pragma",
+                "journal_mode=wal",
+                "--sqlite-pragma",
+                f"synchronous={self.synchronous}",
+            ]
         if self.ui_port is None:
             cmd += ["--headless"]
         else:

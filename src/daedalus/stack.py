@@ -78,6 +78,7 @@ async def running_stack(
             port=temporal.port,
             ui_port=temporal.ui_port,
             log_file=settings.home / "temporal.log",
+            synchronous=temporal.sqlite_synchronous,
         )
         await asyncio.to_thread(server.start)
         log.info(

@@ -35,7 +35,7 @@ DURATION_MAX_S = 7 * 24 * 3600
 GATES = 16
 MAX_GATE_SAMPLES = 1_000
 """A gate measurement with more samples is INVALID: every verdict carries its raw samples through the workflow
-(1,000 samples are ~20 KiB of history per gate and round) and the bootstrap resamples them on the host."""
+(1,000 samples are ~20 KiB of history per gate and round), and the host sorts them for the order-statistic interval."""
 GATE_OUTPUT_BYTES = 1024 * 1024
 """Only the tail of a gate command's stdout is read for its measurement line."""
 
