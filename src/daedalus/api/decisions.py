@@ -16,7 +16,7 @@ from daedalus.decisions.schemas import Decision
 from daedalus.errors import TicketError
 from daedalus.ids import training_workflow_id
 from daedalus.schemas.campaigns import CampaignStatus
-from daedalus.schemas.ticket import TicketState
+from daedalus.schemas.ticket import TicketState, TicketStatus
 from daedalus.schemas.training import TrainingRunStatus
 from daedalus.store import queries
 from daedalus.store.database import session_scope
@@ -54,7 +54,8 @@ async def _after(
 
     The `decide` update answers as soon as the ticket accepts the decision, with the state from before it;
     the workflow then records it (an audit event) and moves on. A caller wants the state after the decision,
-    so this polls the status query until the decision is in it.
+    so this polls the status query (which shows only what the trail holds) until the decision is recorded and
+    the ticket has moved past the question: a new status (dispatched, closed...) or a new request.
     """
     if isinstance(accepted, CampaignStatus):
         return accepted  # a campaign closes on its proposal's answer; its status carries the adopted preset
@@ -68,7 +69,9 @@ async def _after(
     while True:
         state = await tickets.status(client, accepted.spec.id)
         recorded = any(d.request_id == decision.request_id for d in state.decisions)
-        if recorded and state.audit_seq > accepted.audit_seq:
+        asking = state.status in (TicketStatus.AWAITING_APPROVAL, TicketStatus.AWAITING_DECISION)
+        asked_again = state.pending_decision is not None and state.pending_decision.id != decision.request_id
+        if recorded and (not asking or asked_again):
             return state
         await asyncio.sleep(POLL_S)
 
