@@ -16,7 +16,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from daedalus.cli.training import app as train_app
+from daedalus.cli import app
 from daedalus.devserver import DevServer
 from daedalus.schemas.training import RestartPolicy
 from tests.workflows.test_training import make_spec, trainers
@@ -190,17 +190,17 @@ def test_bad_run_files_exit_2_with_a_clear_message_and_start_nothing(
     for file_name, text, message in cases:
         path = tmp_path / file_name
         path.write_text(text)
-        result = runner.invoke(train_app, ["start", "-f", str(path)], env=env)
+        result = runner.invoke(app, ["train", "start", "-f", str(path)], env=env)
         assert result.exit_code == 2, (file_name, result.output)
         assert message in one_line(result.stderr), (file_name, result.stderr)
         assert file_name in one_line(result.stderr).replace(" ", "")  # the message names the file
         assert result.exception is None or isinstance(result.exception, SystemExit)
         assert result.stdout == ""
 
-    missing = runner.invoke(train_app, ["start", "-f", str(tmp_path / "nope.yaml")], env=env)
+    missing = runner.invoke(app, ["train", "start", "-f", str(tmp_path / "nope.yaml")], env=env)
     assert missing.exit_code == 2 and "cannot read the run file" in one_line(missing.stderr)
 
     # Nothing started: Temporal has no workflow training-<name>.
-    unknown = runner.invoke(train_app, ["status", spec.name], env=env)
+    unknown = runner.invoke(app, ["train", "status", spec.name], env=env)
     assert unknown.exit_code == 2, unknown.output
     assert f"no training run named {spec.name}" in one_line(unknown.stderr)

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from daedalus.activities.lessons import LessonActivities
 from daedalus.agents.prompt import build_prompt, reported_traps
-from daedalus.cli.lessons import app as lessons_app
+from daedalus.cli import app
 from daedalus.schemas.agents import AgentTask
 from daedalus.schemas.lessons import (
     Lesson,
@@ -163,16 +163,16 @@ def test_cli_adds_and_lists_lessons(tmp_path: Path) -> None:
     runner = CliRunner()
     env = {"DAEDALUS_HOME": str(tmp_path / "home")}
     added = runner.invoke(
-        lessons_app,
-        ["add", "always measure with interval=300", "--engine", "1cat-vllm", "--source", "6"],
+        app,
+        ["lessons", "add", "always measure with interval=300", "--engine", "1cat-vllm", "--source", "6"],
         env=env,
     )
     assert added.exit_code == 0 and "lesson recorded on engine 1cat-vllm" in added.output, added.output
     again = runner.invoke(
-        lessons_app, ["add", "always measure with interval=300", "--engine", "1cat-vllm"], env=env
+        app, ["lessons", "add", "always measure with interval=300", "--engine", "1cat-vllm"], env=env
     )
     assert "already recorded" in again.output
-    both = runner.invoke(lessons_app, ["add", "x", "--engine", "e", "--host", "h"], env=env)
+    both = runner.invoke(app, ["lessons", "add", "x", "--engine", "e", "--host", "h"], env=env)
     assert both.exit_code == 2 and "exactly one subject" in both.output
-    listed = runner.invoke(lessons_app, ["list", "--engine", "1cat-vllm"], env=env)
+    listed = runner.invoke(app, ["lessons", "list", "--engine", "1cat-vllm"], env=env)
     assert "always measure with interval=300" in listed.output and "trap" in listed.output

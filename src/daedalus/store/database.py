@@ -1,12 +1,13 @@
 """Engines, sessions and migrations for SQLite (embedded default) and PostgreSQL (production)."""
 
+import fcntl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine, event, text
 from sqlmodel import Session, create_engine
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -31,13 +32,35 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True)
 
 
+MIGRATION_LOCK_ID = 0x0DAEDA1
+"""PostgreSQL advisory lock key held while migrating."""
+
+
 def migrate(engine: Engine) -> None:
-    """Bring the schema to the newest alembic revision (idempotent)."""
+    """Bring the schema to the newest alembic revision (idempotent, and safe when several processes start at
+    once on one store: `daedalus worker --control` and `daedalus api serve` both migrate at start-up)."""
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as connection:
+    with _one_migration_at_a_time(engine), engine.begin() as connection:
+        if engine.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_ID})
         config.attributes["connection"] = connection
         command.upgrade(config, "head")
+
+
+@contextmanager
+def _one_migration_at_a_time(engine: Engine) -> Iterator[None]:
+    """An SQLite file is migrated under an exclusive lock on a sibling file (PostgreSQL uses an advisory lock)."""
+    database = engine.url.database
+    if engine.dialect.name != "sqlite" or not database or database == ":memory:":
+        yield
+        return
+    with open(f"{database}.migrate-lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @contextmanager
