@@ -221,6 +221,9 @@ async def _measure_round(
 async def _settle(side: Side, invalid: list[str]) -> None:
     """At the end of a residency: record a death, and add the counters' deltas since it started."""
     code = side.server.process.returncode()
+    if code is None and any(not q.ok for r in side.rounds for q in r.requests):
+        # Requests failed: if the server is dying, say so rather than only "failed requests".
+        code = await asyncio.to_thread(side.server.process.exit_code_within, 2.0)
     if code is not None:
         reason = f"{side.name}: the server died (exit code {code}); log kept at {side.server.log_path}"
         if not any(reason in r for r in invalid):

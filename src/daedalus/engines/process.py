@@ -72,6 +72,17 @@ class GroupProcess:
     def returncode(self) -> int | None:
         return None if self._popen is None else self._popen.poll()
 
+    def exit_code_within(self, seconds: float) -> int | None:
+        """The exit code if the process ends within `seconds` (at once if it already has), else None. A killed
+        server closes its sockets before it can be reaped, so a client can see refused connections a moment
+        before poll() sees the death."""
+        if self._popen is None:
+            return None
+        try:
+            return self._popen.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return None
+
     def alive(self) -> bool:
         return self._popen is not None and self._popen.poll() is None
 
