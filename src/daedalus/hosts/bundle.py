@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.utils import canonicalize_name
 
 from daedalus.engines.paths import REPO_ROOT, cache_root
 from daedalus.errors import BundleError
@@ -398,7 +398,3 @@ def _missing_imports(vpy: Path) -> str:
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     return check.stderr.strip().splitlines()[-1] if check.returncode != 0 else ""
-
-
-def wheel_names(bundle: Path) -> list[str]:
-    return sorted(str(parse_wheel_filename(p.name)[0]) for p in (bundle / WHEELS).glob("*.whl"))
