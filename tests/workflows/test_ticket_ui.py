@@ -5,6 +5,7 @@ its current details (the `__temporal_workflow_metadata` query) and its activitie
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from daedalus.schemas.ticket import CancelRequest, Decision, TicketStatus
 from daedalus.schemas.ui import start_summary
 from tests.support import make_engine_repo, running_workers, ticket_spec
 from tests.ticket_helpers import host_of, pending
+from tests.workflows.test_ticket_replay import replayer
 
 
 async def listed(client: Client, query: str, expected: set[str], timeout: float = 30) -> set[str]:
@@ -97,6 +99,7 @@ async def test_saved_views_find_who_a_ticket_waits_for_and_how_it_ended(
 
     # The timeline names each step: the agent's attempt, the build, and the gate with its rule and round.
     history = await first.fetch_history()
+    await replayer().replay_workflow(history)
     summaries = []
     for event in history.events:
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED and event.HasField(
@@ -107,3 +110,12 @@ async def test_saved_views_find_who_a_ticket_waits_for_and_how_it_ended(
     assert f"attempt 1: scripted on {host}" in summaries
     assert f"build attempt 1 on {host}" in summaries
     assert "gate decode: decode_tps >= 55 (attempt 1, round 1)" in summaries
+
+
+async def test_the_readmes_saved_views_are_queries_the_server_accepts(temporal_client: Client) -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("### The Temporal UI", 1)[1].split("\n### ", 1)[0]
+    views = re.findall(r"^\| [^|]+ \| `(.+)` \|$", section, flags=re.MULTILINE)
+    assert len(views) >= 5 and any("DaedalusWaitingFor" in view for view in views)
+    for view in views:
+        [_ async for _ in temporal_client.list_workflows(view, limit=1)]  # an invalid query raises

@@ -44,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
     from daedalus.schemas.ui import start_details, start_summary
     from daedalus.workflows import ticket_rules as rules
     from daedalus.workflows.steps import Interrupted, Steps, history_is_long
+    from daedalus.workflows.ticket_lessons import TicketLessons
     from daedalus.workflows.ticket_steps import TicketSteps
     from daedalus.workflows.ticket_ui import TicketUi
     from daedalus.workflows.trail import AuditTrail
@@ -78,7 +79,8 @@ class TicketWorkflow:
         self.cancel_request: CancelRequest | None = None
         self.steps = Steps(lambda: self.cancel_request is not None)
         self.ui = TicketUi()
-        self.work = TicketSteps(self.steps, self.trail, self.ui)
+        self.lessons = TicketLessons()
+        self.work = TicketSteps(self.steps, self.trail, self.ui, self.lessons)
         self.trail.begin()
 
     # ---- queries and updates -------------------------------------------------------------------------
@@ -320,6 +322,7 @@ class TicketWorkflow:
         )
         if answer is None:
             raise Interrupted()
+        await self.lessons.decision_note(self.spec, question, answer.decision)
         return answer
 
     def _awaiting(self, request: DecisionRequest) -> None:
@@ -348,6 +351,7 @@ class TicketWorkflow:
     async def _close(self, status: TicketStatus, reason: str, actor: str = "daedalus") -> None:
         self._set(outcome_reason=reason)
         await self._transition(status, f"closed {status.value}: {reason}", actor=actor)
+        await self.lessons.outcome(self.spec, status, reason, self.s.attempts)
 
     def _snapshot(self, seq: int, kind: AuditKind) -> TicketSnapshot:
         pending = self.desk.pending

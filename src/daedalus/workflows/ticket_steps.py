@@ -22,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from daedalus.schemas.ui import gate_activity_summary
     from daedalus.workflows import ticket_rules as rules
     from daedalus.workflows.steps import StepFailed, Steps
+    from daedalus.workflows.ticket_lessons import TicketLessons
     from daedalus.workflows.ticket_ui import TicketUi
     from daedalus.workflows.trail import AuditTrail
 
@@ -29,17 +30,19 @@ ATTEMPT_TIMEOUT = timedelta(hours=6)
 
 
 class TicketSteps:
-    def __init__(self, steps: Steps, trail: AuditTrail, ui: TicketUi) -> None:
+    def __init__(self, steps: Steps, trail: AuditTrail, ui: TicketUi, lessons: TicketLessons) -> None:
         self.steps = steps
         self.trail = trail
         self.ui = ui
+        self.lessons = lessons
 
     async def attempt(self, spec: TicketSpec, number: int, brief: str) -> tuple[AttemptSummary, str]:
         """Run the agent once; the attempt (committed, or why not) and the text of its audit event."""
         filing = workflow.info().first_execution_run_id
+        lessons = await self.lessons.for_prompt(spec)
         result = await self.steps.on_host(
             RUN_ATTEMPT,
-            AttemptInput(spec=spec, attempt=number, brief=brief, filing=filing),
+            AttemptInput(spec=spec, attempt=number, brief=brief, filing=filing, lessons=lessons),
             host=spec.host,
             timeout=ATTEMPT_TIMEOUT,
             summary=f"attempt {number}: {spec.agent.name.value if spec.agent else 'agent'} on {spec.host}",
@@ -50,6 +53,7 @@ class TicketSteps:
                 number=number, branch="", outcome=AttemptOutcome.AGENT_FAILED, detail=detail
             )
             return failed, f"attempt {number}: step failed on the host: {result.message}"
+        await self.lessons.traps(spec, result)
         usage = {"cost_usd": result.usage.cost_usd, "cost_source": result.usage.cost_source}
         if result.exit_reason is not ExitReason.COMMITTED or result.commit is None:
             no_commit = result.exit_reason is ExitReason.NO_COMMIT
