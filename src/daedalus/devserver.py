@@ -20,7 +20,7 @@ from temporalio.client import Client
 
 from daedalus.errors import DevServerError
 from daedalus.ports import port_is_open
-from daedalus.schemas.search_attributes import SEARCH_ATTRIBUTES
+from daedalus.schemas.search_attributes import SEARCH_ATTRIBUTES, registration
 
 SqliteSynchronous = Literal["off", "normal", "full", "extra"]
 """SQLite's `synchronous` pragma for the embedded server's file: what a power loss may cost."""
@@ -96,7 +96,7 @@ class DevServer:
         else:
             cmd += ["--ui-port", str(self.ui_port)]
         for key in SEARCH_ATTRIBUTES:
-            cmd += ["--search-attribute", f"{key.name}=Keyword"]
+            cmd += ["--search-attribute", registration(key)]
         return cmd
 
     def start(self, timeout_s: float = 60.0) -> DevServer:

@@ -17,6 +17,7 @@ from daedalus.decisions.schemas import DecisionRequest
 from daedalus.schemas.agents import AgentResult
 from daedalus.schemas.audit import AuditRecord
 from daedalus.schemas.gates import GateResult
+from daedalus.schemas.lessons import LessonBatch, LessonQuery
 from daedalus.schemas.notify import NotifyResult
 from daedalus.schemas.steps import AttemptInput, BuildInput, BuildResult, GateInput
 from daedalus.schemas.training import HostReport, HostReportInput, SegmentReport, SuperviseInput
@@ -53,6 +54,8 @@ RECORD_AUDIT_EVENT = ActivityRef("record_audit_event", AuditRecord, bool)
 NOTIFY_DECISION_REQUEST = ActivityRef("notify_decision_request", DecisionRequest, NotifyResult)
 SUPERVISE_TRAINING = ActivityRef("supervise_training", SuperviseInput, SegmentReport)
 TRAINING_HOST_REPORT = ActivityRef("training_host_report", HostReportInput, HostReport)
+RECORD_LESSONS = ActivityRef("record_lessons", LessonBatch, int)
+LESSONS_FOR = ActivityRef("lessons_for", LessonQuery, list[str])
 
 WORKFLOW_ACTIVITIES: tuple[ActivityRef[Any, Any], ...] = (
     RUN_ATTEMPT,
@@ -62,4 +65,6 @@ WORKFLOW_ACTIVITIES: tuple[ActivityRef[Any, Any], ...] = (
     NOTIFY_DECISION_REQUEST,
     SUPERVISE_TRAINING,
     TRAINING_HOST_REPORT,
+    RECORD_LESSONS,
+    LESSONS_FOR,
 )

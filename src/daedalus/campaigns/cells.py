@@ -33,9 +33,14 @@ DECODE_GATE = GateSpec(
 )
 
 
-def cell_preset(spec: CampaignSpec, cell: CampaignCell) -> LlamaCppPreset | VllmPreset:
-    """The base preset with the cell's axes applied; a bad combination raises with the field named."""
+def cell_preset(
+    spec: CampaignSpec, cell: CampaignCell, gpus: list[int] | None = None
+) -> LlamaCppPreset | VllmPreset:
+    """The base preset with the cell's axes applied (and the leased `gpus`, when any, as the engine's
+    CUDA_VISIBLE_DEVICES); a bad combination raises with the field named."""
     base = load_preset(spec.base_preset)
+    if gpus is not None:
+        base = base.model_copy(update={"env": {**base.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}})
     name = cell.preset_name
     if isinstance(base, LlamaCppPreset):
         quantized_v = cell.kv not in QUANTIZED_V_NEEDS_FLASH_ATTN
@@ -90,14 +95,14 @@ def _log_tail(workdir: Path, lines: int = 5) -> str:
 
 
 async def measure_cell(
-    spec: CampaignSpec, cell: CampaignCell, workdir: Path, *, host: str = ""
+    spec: CampaignSpec, cell: CampaignCell, workdir: Path, *, host: str = "", gpus: list[int] | None = None
 ) -> CellResult:
     """Measure one cell; a crash is returned as a CRASHED cell with its evidence."""
     workdir.mkdir(parents=True, exist_ok=True)
     label = spec.label(cell.kv)
     base = {"cell": cell, "label": label, "preset": cell.preset_name}
     try:
-        preset = cell_preset(spec, cell)
+        preset = cell_preset(spec, cell, gpus)
     except (ValueError, EngineError) as error:
         return CellResult(
             **base,
@@ -160,7 +165,7 @@ async def measure_cell(
             result["garbage"] = ", ".join(sorted(labels))
         if spec.probe_ppl and cell.kv != spec.baseline_kv:
             baseline = _write_preset(
-                cell_preset(spec, cell.model_copy(update={"kv": spec.baseline_kv})), workdir
+                cell_preset(spec, cell.model_copy(update={"kv": spec.baseline_kv}), gpus), workdir
             )
             ppl = await measure(
                 Metric.PPL_DELTA_PCT,

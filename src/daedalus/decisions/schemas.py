@@ -66,6 +66,13 @@ class TrainingEscalationOption(StrEnum):
     STOP = "stop"
 
 
+class CampaignProposalOption(StrEnum):
+    """A campaign proposes the Pareto-best preset: adopt it, or not."""
+
+    ADOPT = "adopt"
+    REJECT = "reject"
+
+
 class TicketSubject(Model):
     kind: Literal["ticket"] = "ticket"
     ticket_id: str

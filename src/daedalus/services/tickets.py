@@ -28,6 +28,7 @@ from daedalus.schemas.ticket import (
     TicketSpec,
     TicketState,
 )
+from daedalus.schemas.ui import start_details, start_summary
 from daedalus.services._temporal import TicketError, update
 from daedalus.workflows.ticket import TicketWorkflow
 
@@ -157,6 +158,8 @@ async def file_ticket(
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
             id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
             search_attributes=search_attributes.at_start(spec),
+            static_summary=start_summary(spec),
+            static_details=start_details(spec),
         )
     except WorkflowAlreadyStartedError as error:
         raise TicketError(

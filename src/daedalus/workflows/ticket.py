@@ -41,9 +41,12 @@ with workflow.unsafe.imports_passed_through():
         TicketState,
         TicketStatus,
     )
+    from daedalus.schemas.ui import start_details, start_summary
     from daedalus.workflows import ticket_rules as rules
-    from daedalus.workflows.steps import Interrupted, SearchAttributesMirror, Steps, history_is_long
+    from daedalus.workflows.steps import Interrupted, Steps, history_is_long
+    from daedalus.workflows.ticket_lessons import TicketLessons
     from daedalus.workflows.ticket_steps import TicketSteps
+    from daedalus.workflows.ticket_ui import TicketUi
     from daedalus.workflows.trail import AuditTrail
 
 CHILDREN_BUILD_ON_PREDECESSOR = "children-build-on-predecessor"
@@ -75,8 +78,9 @@ class TicketWorkflow:
         )
         self.cancel_request: CancelRequest | None = None
         self.steps = Steps(lambda: self.cancel_request is not None)
-        self.work = TicketSteps(self.steps, self.trail)
-        self.ui = SearchAttributesMirror()
+        self.ui = TicketUi()
+        self.lessons = TicketLessons()
+        self.work = TicketSteps(self.steps, self.trail, self.ui, self.lessons)
         self.trail.begin()
 
     # ---- queries and updates -------------------------------------------------------------------------
@@ -159,7 +163,7 @@ class TicketWorkflow:
 
     @workflow.run
     async def run(self, ticket: TicketInput) -> TicketState:
-        self.ui.publish(sa.ticket_identity(self.spec))  # a no-op when the starter (or the last run) set them
+        self.ui.identity(self.spec)
         if ticket.carry is None:
             filed = f"filed by {ticket.filed_by}: {self.spec.title}"
             await self.trail.record(AuditKind.FILED, filed, actor=ticket.filed_by)
@@ -211,6 +215,8 @@ class TicketWorkflow:
                     TicketInput(spec=child, filed_by=f"ticket {self.spec.id}"),
                     id=ticket_workflow_id(child.id),
                     search_attributes=sa.at_start(child),
+                    static_summary=start_summary(child),
+                    static_details=start_details(child),
                 )
             )
             self._set(
@@ -316,15 +322,14 @@ class TicketWorkflow:
         )
         if answer is None:
             raise Interrupted()
+        await self.lessons.decision_note(self.spec, question, answer.decision)
         return answer
 
     def _awaiting(self, request: DecisionRequest) -> None:
-        """The ticket's status and the UI's `DaedalusAwaiting` move before the request's event is written."""
+        """The ticket's status and the UI's `DaedalusWaitingFor` move before the request's event is written."""
         escalation = request.kind is DecisionKind.ESCALATION
         self._set(status=TicketStatus.AWAITING_DECISION if escalation else TicketStatus.AWAITING_APPROVAL)
-        self.ui.publish(
-            {sa.STATUS: self.s.status.value, sa.AWAITING: ",".join(self.desk.allowed(request.kind))}
-        )
+        self.ui.show(self.spec, self.s.status, request.question, waiting_for=self.desk.allowed(request.kind))
 
     def _continue_as_new(self) -> NoReturn:
         carry = self.s.model_copy(
@@ -340,12 +345,13 @@ class TicketWorkflow:
 
     async def _transition(self, status: TicketStatus, summary: str, actor: str = "daedalus") -> None:
         self._set(status=status)
-        self.ui.publish({sa.STATUS: status.value, sa.AWAITING: ""})
+        self.ui.show(self.spec, status, summary)
         await self.trail.record(AuditKind.TRANSITION, summary, actor=actor)
 
     async def _close(self, status: TicketStatus, reason: str, actor: str = "daedalus") -> None:
         self._set(outcome_reason=reason)
         await self._transition(status, f"closed {status.value}: {reason}", actor=actor)
+        await self.lessons.outcome(self.spec, status, reason, self.s.attempts)
 
     def _snapshot(self, seq: int, kind: AuditKind) -> TicketSnapshot:
         pending = self.desk.pending

@@ -19,26 +19,33 @@ with workflow.unsafe.imports_passed_through():
     from daedalus.schemas.gates import GateResult, GateSpec, Verdict
     from daedalus.schemas.steps import AttemptInput, BuildInput, BuildResult, GateInput
     from daedalus.schemas.ticket import AttemptOutcome, AttemptSummary, TicketSpec
+    from daedalus.schemas.ui import gate_activity_summary
     from daedalus.workflows import ticket_rules as rules
     from daedalus.workflows.steps import StepFailed, Steps
+    from daedalus.workflows.ticket_lessons import TicketLessons
+    from daedalus.workflows.ticket_ui import TicketUi
     from daedalus.workflows.trail import AuditTrail
 
 ATTEMPT_TIMEOUT = timedelta(hours=6)
 
 
 class TicketSteps:
-    def __init__(self, steps: Steps, trail: AuditTrail) -> None:
+    def __init__(self, steps: Steps, trail: AuditTrail, ui: TicketUi, lessons: TicketLessons) -> None:
         self.steps = steps
         self.trail = trail
+        self.ui = ui
+        self.lessons = lessons
 
     async def attempt(self, spec: TicketSpec, number: int, brief: str) -> tuple[AttemptSummary, str]:
         """Run the agent once; the attempt (committed, or why not) and the text of its audit event."""
         filing = workflow.info().first_execution_run_id
+        lessons = await self.lessons.for_prompt(spec)
         result = await self.steps.on_host(
             RUN_ATTEMPT,
-            AttemptInput(spec=spec, attempt=number, brief=brief, filing=filing),
+            AttemptInput(spec=spec, attempt=number, brief=brief, filing=filing, lessons=lessons),
             host=spec.host,
             timeout=ATTEMPT_TIMEOUT,
+            summary=f"attempt {number}: {spec.agent.name.value if spec.agent else 'agent'} on {spec.host}",
         )
         if isinstance(result, StepFailed):
             detail = f"the attempt step failed on {spec.host}: {result.message}"
@@ -46,6 +53,7 @@ class TicketSteps:
                 number=number, branch="", outcome=AttemptOutcome.AGENT_FAILED, detail=detail
             )
             return failed, f"attempt {number}: step failed on the host: {result.message}"
+        await self.lessons.traps(spec, result)
         usage = {"cost_usd": result.usage.cost_usd, "cost_source": result.usage.cost_source}
         if result.exit_reason is not ExitReason.COMMITTED or result.commit is None:
             no_commit = result.exit_reason is ExitReason.NO_COMMIT
@@ -77,6 +85,7 @@ class TicketSteps:
             ),
             host=spec.host,
             timeout=timedelta(seconds=spec.build.timeout_s + 60),
+            summary=f"build attempt {number} on {spec.host}",
         )
         if isinstance(build, StepFailed):
             build = BuildResult(
@@ -96,6 +105,7 @@ class TicketSteps:
         """Measure a gate; INCONCLUSIVE and INVALID are rerun automatically before anyone is asked."""
         engine = spec.engine if spec.agent is None else None
         for round_number in range(1, spec.approval.inconclusive_reruns + 2):
+            self.ui.measuring(spec, gate.name, attempt)
             measured = await self.steps.on_host(
                 RUN_GATE,
                 GateInput(
@@ -109,6 +119,9 @@ class TicketSteps:
                 ),
                 host=spec.host,
                 timeout=timedelta(seconds=gate.timeout_s + 60),
+                summary=gate_activity_summary(
+                    gate.name, gate.describe(), attempt=attempt, round=round_number
+                ),
             )
             result = (
                 rules.failed_step_result(gate, spec.host, commit, measured.message)
