@@ -8,7 +8,6 @@ operation and mode keep this under a minute.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
