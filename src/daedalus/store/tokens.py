@@ -57,9 +57,7 @@ def _digest(salt: bytes, secret: str) -> str:
     return hashlib.sha256(salt + secret.encode()).hexdigest()
 
 
-def issue(
-    engine: Engine, person: str, *, created_by: str, expires_in: timedelta | None = None
-) -> Issued:
+def issue(engine: Engine, person: str, *, created_by: str, expires_in: timedelta | None = None) -> Issued:
     """A new token for `person`; only its hash is written."""
     token = f"{PREFIX}_{secrets.token_hex(4)}_{secrets.token_urlsafe(32)}"
     return Issued(token=token, row=add(engine, person, token, created_by=created_by, expires_in=expires_in))
