@@ -118,6 +118,13 @@ class TemporalSettings(BaseModel):
         default=None, description="a Temporal Cloud API key, sent with every call (TLS is implied)"
     )
 
+    @field_validator(
+        "tls_server_ca", "tls_client_cert", "tls_client_key", "tls_server_name", "api_key", mode="before"
+    )
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return None if value == "" else value  # docker-compose passes `${VAR:-}` through as ""
+
     @model_validator(mode="after")
     def _client_cert_with_key(self) -> TemporalSettings:
         if (self.tls_client_cert is None) != (self.tls_client_key is None):
