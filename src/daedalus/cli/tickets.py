@@ -30,10 +30,10 @@ from daedalus.schemas.ticket import (
 from daedalus.services import TicketError
 from daedalus.store import chain, queries
 from daedalus.store.database import session_scope
-from daedalus.store.tables import AuditEventRow
+from daedalus.store.tables import AuditEventRow, TicketRow
 
 if TYPE_CHECKING:
-    from daedalus.api.models import AuditEventPublic
+    from daedalus.api.models import AuditEventPublic, TicketSummary
 
 M = TypeVar("M", bound=BaseModel)
 AS_HELP = "who acts; against a shared stack (DAEDALUS_API_URL) only your token's person, and the default"
@@ -98,18 +98,16 @@ def create(
 @app.command("list")
 def list_(status: Annotated[str | None, typer.Option(help="only tickets in this status")] = None) -> None:
     """Tickets from the store's projection, newest first."""
-    from daedalus.api.models import TicketSummary
-
+    rows: Sequence[TicketRow | TicketSummary]
     remote = shared_stack()
     if remote is not None:
+        from daedalus.api.models import TicketSummary  # FastAPI loads only where the API is used
+
         found = remote.call("GET", "/tickets", params={"status": status} if status else {})
         rows = [TicketSummary.model_validate(row) for row in found]
     else:
         with session_scope(store()) as session:
-            rows = [
-                TicketSummary.model_validate(row)
-                for row in queries.list_tickets(session=session, status=status)
-            ]
+            rows = queries.list_tickets(session=session, status=status)
     table = Table("ticket", "title", "status", "host", "agent", "attempts", "awaiting", "updated")
     for row in rows:
         table.add_row(

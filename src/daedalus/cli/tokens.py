@@ -41,7 +41,7 @@ def create(
     console.print(
         f"API token {row.token_id} for {shown(row.person)} ({until}); shown only now, keep it secret:"
     )
-    console.print(issued.token, markup=False, highlight=False)
+    console.print(issued.token, markup=False, highlight=False, soft_wrap=True)  # one line, never wrapped
     console.print(
         f"{shown(row.person)} sets DAEDALUS_API_URL=<the API> and DAEDALUS_API_TOKEN=<this token>; "
         f"`daedalus token revoke {row.token_id}` withdraws it"

@@ -1,4 +1,5 @@
-"""SQLModel tables. Rows are written only through `daedalus.store.records.apply`, one audit event at a time."""
+"""SQLModel tables. The audit trail and its projections are written only through `daedalus.store.records.apply`,
+one audit event at a time; API tokens only through `daedalus.store.tokens`."""
 
 from datetime import datetime
 from typing import Any
