@@ -7,9 +7,10 @@ import this module. Each section is a plain pydantic model owned by its domain a
 
     home, host, artifacts   DAEDALUS_HOME, DAEDALUS_HOST, DAEDALUS_ARTIFACTS
     database                DAEDALUS_DATABASE_URL
-    temporal                DAEDALUS_TEMPORAL_ADDRESS, _PORT, _UI_PORT, _NAMESPACE, _CONTROL_QUEUE
+    temporal                DAEDALUS_TEMPORAL_ADDRESS, _PORT, _UI_PORT, _NAMESPACE, _CONTROL_QUEUE,
+                            _TLS, _TLS_SERVER_CA, _TLS_CLIENT_CERT, _TLS_CLIENT_KEY, _TLS_SERVER_NAME, _API_KEY
     agent                   DAEDALUS_AGENT_* (daedalus.agents.settings)
-    api                     DAEDALUS_API_TOKENS, DAEDALUS_API_UPDATE_TIMEOUT_S (daedalus.api.settings)
+    api                     DAEDALUS_API_UPDATE_TIMEOUT_S; for the CLI DAEDALUS_API_URL, _TOKEN (daedalus.api.settings)
     slack                   DAEDALUS_SLACK_* (daedalus.slack.settings)
     engines                 DAEDALUS_ENGINES_CACHE_DIR, DAEDALUS_ENGINES_LLAMA_CPP_PYTHON_VERSION
 
@@ -23,7 +24,15 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     DotEnvSettingsSource,
@@ -32,6 +41,7 @@ from pydantic_settings import (
     SettingsConfigDict,
     SettingsError,
 )
+from temporalio.service import TLSConfig
 
 from daedalus.agents.settings import AgentSettings
 from daedalus.api.settings import ApiSettings
@@ -92,6 +102,63 @@ class TemporalSettings(BaseModel):
     def target(self) -> str:
         """Where clients and workers connect."""
         return self.address or f"127.0.0.1:{self.port}"
+
+    # --- Identity: only Daedalus's services reach a production frontend (README, "Closing Temporal") ---
+    tls: bool = Field(default=False, description="connect with TLS (implied by every tls_* file and api_key)")
+    tls_server_ca: Path | None = Field(
+        default=None,
+        description="PEM root CA the frontend's certificate is checked against; None = system CAs",
+    )
+    tls_client_cert: Path | None = Field(default=None, description="PEM client certificate for mTLS")
+    tls_client_key: Path | None = Field(default=None, description="PEM private key of tls_client_cert")
+    tls_server_name: str | None = Field(
+        default=None, description="the name the frontend's certificate carries, when not the address's host"
+    )
+    api_key: SecretStr | None = Field(
+        default=None, description="a Temporal Cloud API key, sent with every call (TLS is implied)"
+    )
+
+    @field_validator(
+        "tls_server_ca", "tls_client_cert", "tls_client_key", "tls_server_name", "api_key", mode="before"
+    )
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return None if value == "" else value  # docker-compose passes `${VAR:-}` through as ""
+
+    @model_validator(mode="after")
+    def _client_cert_with_key(self) -> TemporalSettings:
+        if (self.tls_client_cert is None) != (self.tls_client_key is None):
+            raise ValueError(
+                "mTLS needs both DAEDALUS_TEMPORAL_TLS_CLIENT_CERT and DAEDALUS_TEMPORAL_TLS_CLIENT_KEY "
+                "(a certificate and its private key, PEM)"
+            )
+        return self
+
+    def connection(self) -> dict[str, Any]:
+        """`Client.connect` keyword arguments for TLS, mTLS and an API key; the PEM files are read here."""
+        api_key = self.api_key.get_secret_value() if self.api_key else None
+        pem = (self.tls_server_ca, self.tls_client_cert, self.tls_client_key)
+        if not any(pem) and self.tls_server_name is None:
+            return {"tls": self.tls or api_key is not None, "api_key": api_key}
+        ca, cert, key = (
+            _read_pem(path, f"DAEDALUS_TEMPORAL_{name}")
+            for path, name in zip(pem, ("TLS_SERVER_CA", "TLS_CLIENT_CERT", "TLS_CLIENT_KEY"), strict=True)
+        )
+        tls = TLSConfig(
+            server_root_ca_cert=ca, domain=self.tls_server_name, client_cert=cert, client_private_key=key
+        )
+        return {"tls": tls, "api_key": api_key}
+
+
+def _read_pem(path: Path | None, variable: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise BadSettings(
+            f"cannot read {path}, named by {variable} ({error.strerror}); fix {variable}"
+        ) from error
 
 
 class _LegacyNames(PydanticBaseSettingsSource):

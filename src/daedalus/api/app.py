@@ -8,7 +8,7 @@ from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
 from temporalio.client import Client
 
-from daedalus.api import audit, decisions, report, slack_interactions, tickets, training
+from daedalus.api import audit, decisions, identity, report, slack_interactions, tickets, training
 from daedalus.api.context import ApiContext, ClientFactory
 from daedalus.api.errors import validation_handler
 from daedalus.api.limits import MAX_BODY_BYTES, BodyLimit
@@ -56,6 +56,7 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_exception_handler(RequestValidationError, validation_handler)
     for router in (
+        identity.router,
         tickets.router,
         training.router,
         decisions.router,

@@ -53,7 +53,11 @@ def settings() -> Settings:
 
 async def client(settings_: Settings | None = None) -> Client:
     temporal = (settings_ or settings()).temporal
-    return await connect(temporal.target, temporal.namespace)
+    try:
+        security = temporal.connection()
+    except BadSettings as error:
+        fail(str(error))
+    return await connect(temporal.target, temporal.namespace, **security)
 
 
 def store(settings_: Settings | None = None) -> Engine:

@@ -20,24 +20,28 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="interface to listen on"),
     port: int = typer.Option(8000, help="port to listen on"),
 ) -> None:
-    """Serve the API (docs at /docs). Tokens come from DAEDALUS_API_TOKENS, Slack from DAEDALUS_SLACK_*."""
+    """Serve the API (docs at /docs). Tokens come from `daedalus token create` (hashed in the store), Slack
+    from DAEDALUS_SLACK_*."""
     # FastAPI and uvicorn load here, not at CLI start-up.
     import uvicorn
     from temporalio.client import Client
 
     from daedalus.api.app import create_app
+    from daedalus.store import tokens
 
     settings = _common.settings()
-    if not settings.api.tokens:
+    engine = store(settings)
+    if not tokens.listed(engine):
         console.print(
-            "[yellow]DAEDALUS_API_TOKENS is empty: every endpoint but /docs will answer 401[/yellow]"
+            "[yellow]no API tokens yet: every endpoint but /docs will answer 401 until an admin runs "
+            "`daedalus token create --person <name>`[/yellow]"
         )
 
     async def connect() -> Client:
         return await client(settings)
 
     application = create_app(
-        engine=store(settings),
+        engine=engine,
         control_queue=settings.temporal.control_queue,
         client_factory=connect,
         settings=settings.api,
