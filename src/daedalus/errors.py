@@ -214,6 +214,11 @@ class EngineError(DaedalusError):
     benchmark that broke half-way is reported INVALID by its gate rather than repeated behind its back."""
 
 
+class EngineSetupError(EngineError):
+    """The worker is not set up to run this engine (no build, no model file, the port taken, vLLM missing):
+    a fault of the host's setup that says what to install or free, never a finding about the preset."""
+
+
 class BuildError(EngineError):
     """CMake failed; the message carries the tail of the build log."""
 
@@ -230,7 +235,7 @@ class ApiError(EngineError):
     """The server answered an OpenAI-compatible request with an error, or with something unreadable."""
 
 
-class GpuUnavailable(EngineError):
+class GpuUnavailable(EngineSetupError):
     """The measurement needs a GPU (torch with CUDA, or NVML) that this host does not have."""
 
 

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from daedalus.engines.measure import ensure_build, measure
 from daedalus.engines.presets import load_preset
-from daedalus.engines.process import EngineError
 from daedalus.engines.quality import garbage, needle_probe
 from daedalus.engines.runner import launched
 from daedalus.engines.tiny_model import MODELS, ensure_model
+from daedalus.errors import BuildError, EngineError, EngineSetupError
 from daedalus.gates.statistics import clopper_pearson
 from daedalus.gates.verdicts import decide
 from daedalus.schemas.campaigns import CampaignCell, CampaignSpec, CellOutcome, CellResult
@@ -120,6 +121,8 @@ async def measure_cell(
         decode = await measure(
             Metric.DECODE_TPS, str(preset_path), model, workload=workload, workdir=workdir / "decode"
         )
+    except (EngineSetupError, BuildError) as error:
+        return _not_runnable_here(base, error)
     except EngineError as error:
         tail = _log_tail(workdir / "decode")
         evidence["log_tail"] = tail
@@ -177,6 +180,8 @@ async def measure_cell(
             result["ppl_delta_pct"] = ppl.samples[0] if ppl.invalid_reason is None else None
         elif spec.probe_ppl:
             result["ppl_delta_pct"] = 0.0  # the baseline against itself
+    except (EngineSetupError, BuildError) as error:
+        return _not_runnable_here(base, error)
     except EngineError as error:
         # decode ran, then a probe broke. A refused request (the server answered 4xx) is a broken measurement;
         # a server that died under the probe is the cell's crash, kept with what was measured so far.
@@ -192,3 +197,14 @@ async def measure_cell(
     return CellResult(
         **base, outcome=CellOutcome.MEASURED, evidence=evidence, measured_at=datetime.now(UTC), **result
     )  # type: ignore[arg-type]
+
+
+def _not_runnable_here(base: dict[str, Any], error: EngineError) -> CellResult:
+    """The worker's setup failed (no build, no model, a port taken): INVALID with what to fix, never a crash,
+    which would be read as the preset's wall."""
+    return CellResult(
+        **base,
+        outcome=CellOutcome.INVALID,
+        detail=" ".join(f"this worker cannot run the cell: {error}".split())[:300],
+        measured_at=datetime.now(UTC),
+    )
