@@ -722,6 +722,7 @@ async def scenario(args: argparse.Namespace, tmp: Path, stack: Stack, database_u
         window = time.monotonic() - started
         stack.revive()
         states, training = await settle(client, list(designs), stack, args.settle_timeout_s)
+        settled = time.monotonic() - started - window
         await asyncio.sleep(3)  # the last answers' polls; steps end their process groups
         stop_deciding.set()
         await deciding
@@ -775,9 +776,11 @@ async def scenario(args: argparse.Namespace, tmp: Path, stack: Stack, database_u
         "decision_posts": sum(s.posts for s in decider.sent.values()),
         "agent_starts": len(start_log(tmp / "starts", "agent-starts.log")),
         "trainer_starts": len(start_log(tmp / "starts", "trainer-starts.log")),
+        "attempt_outcomes": dict(Counter(a.outcome.value for st in states.values() for a in st.attempts)),
         "training_run": training.state.value if training else "not ended",
         "llama_gate": llama,
         "window_s": round(window, 1),
+        "settle_s": round(settled, 1),
         "seed": args.seed,
         "designs": dict(Counter(designs.values())),
         "unplanned_exits": stack.unplanned_exits,
@@ -842,9 +845,11 @@ def main() -> None:
     table.add_column("figure")
     table.add_column("value", justify="right")
     for key, value in result.items():
-        if key not in ("problems", "fault_log", "designs", "faults_by_kind", "unplanned_exits"):
+        if key not in ("problems", "fault_log", "designs", "faults_by_kind", "unplanned_exits", "attempt_outcomes"):
             table.add_row(key, str(value))
     Console().print(table)
+    for key in ("faults_by_kind", "attempt_outcomes", "unplanned_exits"):
+        print(f"{key}: {result[key]}")
     for kind, found in result["problems"].items():
         for line in found if isinstance(found, list) else [f"{k}: {v}" for k, v in found.items()]:
             print(f"{kind}: {line}")
