@@ -6,13 +6,13 @@ whose outcome is known from their inputs (pass, fail, build failure, escalate ->
 inconclusive gate accepted / stopped / closed under exception, a rejected dispatch, gate-only tickets (one on
 a real llama.cpp server when the engine is built), an umbrella with children) and one training run, and a
 decider answers every request through the HTTP API (retried on errors; each answer carries its own id in its
-note). Meanwhile, at seeded random moments, it SIGKILLs a host worker or the control worker (restarted a few
-seconds later) or SIGKILLs and restarts Temporal.
+note). Meanwhile, at seeded random moments, it SIGKILLs a host worker, the control worker or the API
+(restarted a few seconds later) or SIGKILLs and restarts Temporal.
 
 Usage: .venv/bin/python bench/chaos.py [--store sqlite|postgres] [--tickets 24] [--faults 32] [--window-s 300]
                                         [--seed 11] [--out bench/results/chaos.json]
 Figures (from the store and Temporal once every ticket closed, or the settle timeout ran out):
-  faults            SIGKILLs of host/control workers plus Temporal restarts, all injected while work ran
+  faults            SIGKILLs of host/control workers and the API plus Temporal restarts, injected while work ran
   tickets           tickets filed, children included; tickets_closed: closed in Temporal and in the store
   wrong_outcomes    closed tickets whose status (Temporal's result or the store's row) is not the one their
                     inputs imply, plus a training run that did not finish
@@ -36,7 +36,6 @@ import contextlib
 import json
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -54,7 +53,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import Engine, text
-from sqlmodel import select
+from sqlmodel import col, select
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
@@ -304,10 +303,11 @@ class Stack:
 
 
 class Faults:
-    """At seeded random moments in the window: SIGKILL a host worker or the control worker (restarted after a
-    short seeded delay) or SIGKILL and restart Temporal."""
+    """At seeded random moments in the window: SIGKILL a host worker, the control worker or the API (restarted
+    after a short seeded delay: the decider meets refused connections) or SIGKILL and restart Temporal."""
 
-    KINDS = (("host", 0.45), ("control", 0.3), ("temporal", 0.25))
+    KINDS = (("host", 0.4), ("control", 0.27), ("temporal", 0.23), ("api", 0.1))
+    TARGETS = {"host": HOST_WORKERS, "control": ("control",), "api": ("api",)}
 
     def __init__(self, stack: Stack, rng: random.Random, count: int, window_s: float) -> None:
         self.stack = stack
@@ -324,8 +324,7 @@ class Faults:
                 await asyncio.to_thread(self.stack.restart_temporal)
                 self.done.append(Fault(round(time.monotonic() - started, 1), kind, "temporal"))
                 continue
-            names = ["control"] if kind == "control" else list(HOST_WORKERS)
-            alive = [n for n in names if n in self.stack.processes]
+            alive = [n for n in self.TARGETS[kind] if n in self.stack.processes]
             if not alive:  # already down (killed a moment ago): kill another part instead
                 await asyncio.to_thread(self.stack.restart_temporal)
                 self.done.append(Fault(round(time.monotonic() - started, 1), "temporal", "temporal"))
@@ -508,7 +507,12 @@ async def retrying(what: str, call: Any, timeout_s: float = 120) -> Any:
 
 
 async def file_all(
-    client: Client, specs: list[TicketSpec], hosts: Registry, window_s: float, rng: random.Random, started: float
+    client: Client,
+    specs: list[TicketSpec],
+    hosts: Registry,
+    window_s: float,
+    rng: random.Random,
+    started: float,
 ) -> None:
     """File the tickets across the first 70% of the fault window, so work runs while faults land."""
     moments = sorted(rng.uniform(0, 0.7 * window_s) for _ in specs)
@@ -572,7 +576,7 @@ def audit_sequences(
 ) -> tuple[int, int, list[str]]:
     """(gaps, duplicates, what) over every trail of `subjects`: one trail per (subject, first run id)."""
     with session_scope(engine) as session:
-        rows = session.exec(select(AuditEventRow).where(AuditEventRow.ticket_id.in_(subjects))).all()  # type: ignore[attr-defined]
+        rows = session.exec(select(AuditEventRow).where(col(AuditEventRow.ticket_id).in_(subjects))).all()
     trails: dict[tuple[str, str], list[int]] = {}
     for row in rows:
         trails.setdefault((row.ticket_id, row.run_id), []).append(row.seq)
@@ -716,9 +720,14 @@ async def scenario(args: argparse.Namespace, tmp: Path, stack: Stack, database_u
         deciding = asyncio.create_task(decider.run(stop_deciding))
         started = time.monotonic()
         spec = training_spec(tmp, tickets.repo, 0.6 * args.window_s)
-        await retrying("starting the training run", lambda: services.start_run(client, spec, queue=CONTROL_QUEUE))
+        await retrying(
+            "starting the training run", lambda: services.start_run(client, spec, queue=CONTROL_QUEUE)
+        )
         faults = Faults(stack, random.Random(args.seed + 2), args.faults, args.window_s)
-        await asyncio.gather(faults.run(started), file_all(client, specs, load_registry(tmp / "hosts.yaml"), args.window_s, rng, started))
+        await asyncio.gather(
+            faults.run(started),
+            file_all(client, specs, load_registry(tmp / "hosts.yaml"), args.window_s, rng, started),
+        )
         window = time.monotonic() - started
         stack.revive()
         states, training = await settle(client, list(designs), stack, args.settle_timeout_s)
@@ -826,7 +835,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
-    parser.add_argument("--tickets", type=int, default=24, help="top-level tickets filed (umbrellas add 2 each)")
+    parser.add_argument(
+        "--tickets", type=int, default=24, help="top-level tickets filed (umbrellas add 2 each)"
+    )
     parser.add_argument("--faults", type=int, default=32)
     parser.add_argument("--window-s", type=float, default=300, help="faults land and tickets are filed in it")
     parser.add_argument("--settle-timeout-s", type=float, default=420)
@@ -845,7 +856,14 @@ def main() -> None:
     table.add_column("figure")
     table.add_column("value", justify="right")
     for key, value in result.items():
-        if key not in ("problems", "fault_log", "designs", "faults_by_kind", "unplanned_exits", "attempt_outcomes"):
+        if key not in (
+            "problems",
+            "fault_log",
+            "designs",
+            "faults_by_kind",
+            "unplanned_exits",
+            "attempt_outcomes",
+        ):
             table.add_row(key, str(value))
     Console().print(table)
     for key in ("faults_by_kind", "attempt_outcomes", "unplanned_exits"):
