@@ -43,7 +43,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +52,21 @@ import psutil
 import yaml
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy import Engine, text
-from sqlmodel import col, select
+from sqlalchemy import text
+from sqlmodel import select
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 
+from chaos_checks import (
+    audit_sequences,
+    audit_verify,
+    decisions_applied,
+    duplicate_starts,
+    orphans,
+    start_log,
+)
+from chaos_decider import DECIDER, Decider
 from daedalus import services
 from daedalus.config import Settings
 from daedalus.devserver import DevServer
@@ -66,11 +75,10 @@ from daedalus.engines.llama_build import cached_build
 from daedalus.hosts.registry import Registry, load_registry
 from daedalus.ids import ticket_workflow_id
 from daedalus.ports import free_port
-from daedalus.processes import STEP_TOKEN_ENV
 from daedalus.schemas.ticket import TicketSpec, TicketState, TicketStatus
 from daedalus.schemas.training import RunState, TrainingRunSpec, TrainingRunStatus
 from daedalus.store.database import make_engine, session_scope
-from daedalus.store.tables import AuditEventRow, DecisionRow, TicketRow
+from daedalus.store.tables import TicketRow
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
 
@@ -85,9 +93,7 @@ HOST = "chaos"
 HOST_WORKERS = ("host-1", "host-2")
 CONTROL_QUEUE = "chaos-control"
 TOKEN = "chaos-token"
-DECIDER = "wayne"
 TRAINING_RUN = "chaos-train"
-NOTE_PREFIX = "chaos-decision "
 
 
 # ---- what is filed, and what each filing must end as -------------------------------------------------
@@ -207,6 +213,14 @@ class Tickets:
             "command": f"{DAEDALUS} engine measure decode_tps --preset local-f16 --model small --rounds 5",
             "timeout_s": 300,
         }
+
+
+def answer(designs: dict[str, str], request: dict[str, Any]) -> str:
+    """The decider's answer: by the design of the ticket that asks (a training run's escalation: restart)."""
+    if "restart" in request["options"]:
+        return "restart"
+    design = DESIGNS[designs.get(request["ticket_id"], "pass")]
+    return design.dispatch if request["kind"] == "dispatch" else design.escalation
 
 
 def children_of(spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -340,94 +354,6 @@ class Faults:
     async def _restart_later(self, name: str, delay_s: float) -> None:
         await asyncio.sleep(delay_s)
         self.stack.start(name)
-
-
-# ---- the decider: every request answered through the API, each answer with its own id ----------------
-
-
-@dataclass
-class Sent:
-    decision_id: str
-    request_id: str
-    ticket_id: str
-    option: str
-    posts: int = 0
-    statuses: list[int] = field(default_factory=list)
-    confirmed: bool = False
-
-
-class Decider:
-    def __init__(self, api: httpx.AsyncClient, designs: dict[str, str], rng: random.Random) -> None:
-        self.api = api
-        self.designs = designs
-        self.rng = rng
-        self.sent: dict[str, Sent] = {}
-        self.tasks: set[asyncio.Task[None]] = set()
-
-    def option(self, request: dict[str, Any]) -> str:
-        ticket = request["ticket_id"]
-        if "restart" in request["options"]:  # a training run's escalation
-            return "restart"
-        design = DESIGNS[self.designs.get(ticket, "pass")]
-        return design.dispatch if request["kind"] == "dispatch" else design.escalation
-
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            with contextlib.suppress(httpx.HTTPError):
-                response = await self.api.get("/decisions", params={"pending": "true"})
-                if response.status_code == 200:
-                    for request in response.json():
-                        if request["request_id"] not in self.sent:
-                            self._answer(request)
-            await asyncio.sleep(0.5)
-        await asyncio.gather(*self.tasks)
-
-    def _answer(self, request: dict[str, Any]) -> None:
-        sent = Sent(
-            decision_id=uuid.uuid4().hex[:12],
-            request_id=request["request_id"],
-            ticket_id=request["ticket_id"],
-            option=self.option(request),
-        )
-        self.sent[sent.request_id] = sent
-        task = asyncio.create_task(self._send(sent, delay_s=self.rng.uniform(0, 3)))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    async def _send(self, sent: Sent, delay_s: float) -> None:
-        await asyncio.sleep(delay_s)
-        body = {
-            "request_id": sent.request_id,
-            "option": sent.option,
-            "decided_by": DECIDER,
-            "note": NOTE_PREFIX + sent.decision_id,
-        }
-        while not sent.confirmed:
-            try:
-                sent.posts += 1
-                response = await self.api.post("/decisions", json=body, timeout=60)
-                sent.statuses.append(response.status_code)
-                if response.status_code == 200:
-                    sent.confirmed = True
-                    return
-            except httpx.HTTPError:
-                sent.statuses.append(0)  # connection error: the same answer again
-            # Refused (409: not waiting, perhaps because this very answer landed), or Temporal was away:
-            # look in the store; resend only while the request still waits and nobody answered it.
-            row = await self._row(sent)
-            if row is not None and row["decided_at"] is not None:
-                sent.confirmed = row["note"] == body["note"]
-                return
-            await asyncio.sleep(1.0)
-
-    async def _row(self, sent: Sent) -> dict[str, Any] | None:
-        with contextlib.suppress(httpx.HTTPError):
-            response = await self.api.get("/decisions", params={"ticket": sent.ticket_id})
-            if response.status_code == 200:
-                for row in response.json():
-                    if row["request_id"] == sent.request_id:
-                        return dict(row)
-        return None
 
 
 # ---- the run ----------------------------------------------------------------------------------------
@@ -568,109 +494,6 @@ async def settle(
     return states, training
 
 
-# ---- the checks -------------------------------------------------------------------------------------
-
-
-def audit_sequences(
-    engine: Engine, subjects: list[str], final_seq: dict[str, int]
-) -> tuple[int, int, list[str]]:
-    """(gaps, duplicates, what) over every trail of `subjects`: one trail per (subject, first run id)."""
-    with session_scope(engine) as session:
-        rows = session.exec(select(AuditEventRow).where(col(AuditEventRow.ticket_id).in_(subjects))).all()
-    trails: dict[tuple[str, str], list[int]] = {}
-    for row in rows:
-        trails.setdefault((row.ticket_id, row.run_id), []).append(row.seq)
-    gaps = duplicates = 0
-    what: list[str] = []
-    for (subject, run_id), seqs in trails.items():
-        counts = Counter(seqs)
-        top = max(max(seqs), final_seq.get(subject, 0))
-        missing = [n for n in range(1, top + 1) if n not in counts]
-        doubled = [n for n, c in counts.items() if c > 1]
-        gaps += len(missing)
-        duplicates += sum(counts[n] - 1 for n in doubled)
-        if missing or doubled:
-            what.append(f"{subject} ({run_id[:8]}): missing {missing}, doubled {doubled}")
-    for subject in subjects:
-        if not any(s == subject for s, _ in trails):
-            gaps += final_seq.get(subject, 0)
-            what.append(f"{subject}: no events in the store")
-    return gaps, duplicates, what
-
-
-def start_log(starts: Path, name: str) -> list[str]:
-    path = starts / name
-    return path.read_text().split() if path.exists() else []
-
-
-def duplicate_starts(starts: Path) -> tuple[int, list[str]]:
-    """Agents started twice for one attempt (worktree path) and trainers twice for one incarnation."""
-    found: list[str] = []
-    count = 0
-    for log in ("agent-starts.log", "trainer-starts.log"):
-        lines = start_log(starts, log)
-        for key, n in Counter(lines).items():
-            if n > 1:
-                count += n - 1
-                found.append(f"{Path(key).parent.name}/{Path(key).name} started {n} times")
-    return count, found
-
-
-def orphans(tmp: Path) -> list[str]:
-    """Processes of this run still alive carrying a step token, or a trainer keeper of this run."""
-    home = f"DAEDALUS_HOME={tmp / 'home'}".encode()
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
-        try:
-            if proc.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            with open(f"/proc/{proc.pid}/environ", "rb") as handle:
-                environ = b"\0" + handle.read()
-            stepped = f"\0{STEP_TOKEN_ENV}=".encode() in environ
-            keeper = b"\0DAEDALUS_TRAINING_INCARNATION=" in environ
-            ours = home in environ or str(proc.cwd()).startswith(str(tmp))
-        except (OSError, psutil.Error):
-            continue
-        if (stepped or keeper) and ours:
-            found.append(f"{proc.pid} {' '.join(proc.info['cmdline'] or [])[:120]}")
-    return found
-
-
-def decisions_applied(
-    engine: Engine, decider: Decider, states: dict[str, TicketState]
-) -> tuple[int, list[str]]:
-    """Answers applied exactly once, seen in the store's events and rows and in Temporal's own state."""
-    with session_scope(engine) as session:
-        decided = session.exec(select(AuditEventRow).where(AuditEventRow.kind == "decided")).all()
-        rows = {r.request_id: r for r in session.exec(select(DecisionRow)).all()}
-    events_per_request = Counter(e.detail.get("request") for e in decided)
-    in_temporal: Counter[str] = Counter()
-    for state in states.values():
-        in_temporal.update(d.note for d in state.decisions)
-    applied, problems = 0, []
-    for sent in decider.sent.values():
-        note = NOTE_PREFIX + sent.decision_id
-        row = rows.get(sent.request_id)
-        events = events_per_request[sent.request_id]
-        # A training run's status does not list its answers: for its requests, the store is the witness.
-        seen = 1 if sent.request_id.startswith("training-") else in_temporal[note]
-        if events == 1 and row is not None and row.note == note and seen == 1:
-            applied += 1
-        else:
-            problems.append(
-                f"{sent.request_id} ({sent.option}, {sent.decision_id}): {events} decided events, "
-                f"row note {row.note if row else None!r}, {seen}x in Temporal, posts {sent.statuses}"
-            )
-    return applied, problems
-
-
-def audit_verify(env: dict[str, str]) -> bool:
-    done = subprocess.run([DAEDALUS, "audit", "verify"], env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        print(done.stdout[-2000:], done.stderr[-2000:])
-    return done.returncode == 0
-
-
 # ---- main -------------------------------------------------------------------------------------------
 
 
@@ -715,7 +538,7 @@ async def scenario(args: argparse.Namespace, tmp: Path, stack: Stack, database_u
             if time.monotonic() > deadline:
                 raise TimeoutError("the API did not answer within 120 s")
             await asyncio.sleep(0.5)
-        decider = Decider(api, designs, random.Random(args.seed + 1))
+        decider = Decider(api, lambda request: answer(designs, request), random.Random(args.seed + 1))
         stop_deciding = asyncio.Event()
         deciding = asyncio.create_task(decider.run(stop_deciding))
         started = time.monotonic()
@@ -765,7 +588,7 @@ async def scenario(args: argparse.Namespace, tmp: Path, stack: Stack, database_u
             engine, [*designs, f"training-{TRAINING_RUN}"], final_seq
         )
         starts, start_problems = duplicate_starts(tmp / "starts")
-        applied, decision_problems = decisions_applied(engine, decider, states)
+        applied, decision_problems = decisions_applied(engine, decider.sent.values(), states)
     finally:
         engine.dispose()
     return {
