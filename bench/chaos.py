@@ -606,6 +606,7 @@ async def scenario(args: argparse.Namespace, tmp: Path, stack: Stack, database_u
         "decisions_sent": len(decider.sent),
         "decisions_applied": applied,
         "decision_posts": sum(s.posts for s in decider.sent.values()),
+        "decision_post_statuses": dict(Counter(str(c) for s in decider.sent.values() for c in s.statuses)),
         "agent_starts": len(start_log(tmp / "starts", "agent-starts.log")),
         "trainer_starts": len(start_log(tmp / "starts", "trainer-starts.log")),
         "attempt_outcomes": dict(Counter(a.outcome.value for st in states.values() for a in st.attempts)),
@@ -679,17 +680,10 @@ def main() -> None:
     table.add_column("figure")
     table.add_column("value", justify="right")
     for key, value in result.items():
-        if key not in (
-            "problems",
-            "fault_log",
-            "designs",
-            "faults_by_kind",
-            "unplanned_exits",
-            "attempt_outcomes",
-        ):
+        if not isinstance(value, dict | list):  # the breakdowns and problems are printed below
             table.add_row(key, str(value))
     Console().print(table)
-    for key in ("faults_by_kind", "attempt_outcomes", "unplanned_exits"):
+    for key in ("faults_by_kind", "attempt_outcomes", "decision_post_statuses", "unplanned_exits"):
         print(f"{key}: {result[key]}")
     for kind, found in result["problems"].items():
         for line in found if isinstance(found, list) else [f"{k}: {v}" for k, v in found.items()]:
