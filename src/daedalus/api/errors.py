@@ -10,7 +10,7 @@ import structlog
 from fastapi import HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -61,10 +61,14 @@ def refusal(error: TicketError) -> HTTPException:
 
 
 async def within(awaitable: Awaitable[T], timeout_s: float, what: str) -> T:
-    """Wait on Temporal for at most `timeout_s`; a request handler never waits on a stuck worker for long."""
+    """Wait on Temporal for at most `timeout_s`; a request handler never waits on a stuck worker for long.
+
+    An update cut short here surfaces as the SDK's `WorkflowUpdateRPCTimeoutOrCancelledError` (it turns the
+    cancellation into its own error, which `wait_for` passes on instead of TimeoutError), as does an update
+    whose own RPC timed out while Temporal restarted: both are "no answer yet", never a 500."""
     try:
         return await asyncio.wait_for(awaitable, timeout_s)
-    except TimeoutError as error:
+    except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError) as error:
         raise HTTPException(
             status.HTTP_504_GATEWAY_TIMEOUT,
             f"{what}: no answer from the ticket within {timeout_s:g}s; is a control worker running "
