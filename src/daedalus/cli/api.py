@@ -32,6 +32,12 @@ def serve(
         console.print(
             "[yellow]DAEDALUS_API_TOKENS is empty: every endpoint but /docs will answer 401[/yellow]"
         )
+    policy = _common.policy()
+    if policy is None:
+        console.print(
+            "[yellow]no DAEDALUS_POLICY_FILE: every token holder's tickets run on the hosts as their specs "
+            "say; set a policy for a shared stack (README, Policy)[/yellow]"
+        )
 
     async def connect() -> Client:
         return await client(settings)
@@ -42,6 +48,7 @@ def serve(
         client_factory=connect,
         settings=settings.api,
         slack=settings.slack,
+        policy=policy,
     )
     console.print(
         f"Daedalus API on http://{host}:{port} (docs at /docs); Temporal at {settings.temporal.target}"
