@@ -88,7 +88,7 @@ def _require_authority(policy: Policy | None, by: str, ticket_id: str, row: Tick
         operators = policy.hosts[host].operators if host in policy.hosts else []
         raise NotAllowed(
             f"{by} may not terminate ticket {ticket_id}: only deciders {policy.with_role(Role.DECIDER)} and "
-            f"operators of {host or 'its host'} {operators} may; cancel it instead if you filed it"
+            f"operators of {host or 'its host'} {operators} may (try `daedalus ticket cancel` first)"
         )
     spec = _spec(row)
     deciders = spec.approval.deciders if spec is not None else []
