@@ -23,7 +23,8 @@ from daedalus.slack.settings import SlackSettings
 from daedalus.workflows.training import TrainingRunWorkflow
 from tests.support import gate_command, make_engine_repo, running_workers, ticket_spec
 from tests.ticket_helpers import events, host_of, kinds, pending
-from tests.workflows.test_training import audit_trail, make_spec, trainers, until, within, workers
+from tests.workflows.test_ticket_replay import replayer
+from tests.workflows.test_training import audit_trail, make_spec, replay, trainers, until, within, workers
 
 
 def policy_for(host: str) -> Policy:
@@ -77,6 +78,8 @@ async def test_a_gate_only_ticket_waits_for_a_dispatch_unless_its_filer_operates
             policy=policy,
         )
         assert (await within(handle.result())).status is TicketStatus.PASSED
+    # The rule travels in the input: the new history replays deterministically.
+    await replayer().replay_workflow(await handle.fetch_history())
     filed = events(sqlite_engine, waiting.id)[0]
     assert (
         filed.detail["dispatch"]
@@ -168,6 +171,7 @@ async def test_a_training_run_waits_for_a_dispatch_unless_its_starter_operates_t
         await until(handle, lambda s: s.state is RunState.RUNNING and s.trainer_pid is not None)
         await daedalus.stop_run(temporal_client, spec.name, StopTraining(requested_by="wayne"))
         assert (await within(handle.result())).state is RunState.STOPPED
+        await replay(handle, record_as=None)
         # The host's operator starts the same run again: no decision, it runs at once.
         again = await daedalus.start_run(
             temporal_client, spec, queue=task_queue, started_by="olga", policy=policy
