@@ -77,7 +77,8 @@ from daedalus.ids import ticket_workflow_id
 from daedalus.ports import free_port
 from daedalus.schemas.ticket import TicketSpec, TicketState, TicketStatus
 from daedalus.schemas.training import RunState, TrainingRunSpec, TrainingRunStatus
-from daedalus.store.database import make_engine, session_scope
+from daedalus.store import tokens as api_tokens
+from daedalus.store.database import make_engine, migrate, session_scope
 from daedalus.store.tables import TicketRow
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
@@ -92,7 +93,8 @@ POSTGRES_URL = os.environ.get(
 HOST = "chaos"
 HOST_WORKERS = ("host-1", "host-2")
 CONTROL_QUEUE = "chaos-control"
-TOKEN = "chaos-token"
+TOKEN = "dtk_000c4a05_" + "c" * 43
+"""The decider's API token; its hash goes into the run's store."""
 TRAINING_RUN = "chaos-train"
 
 
@@ -254,11 +256,14 @@ class Stack:
             "DAEDALUS_ARTIFACTS": str(tmp / "artifacts"),
             "DAEDALUS_HOSTS_FILE": str(tmp / "hosts.yaml"),
             "DAEDALUS_CONTROL_QUEUE": CONTROL_QUEUE,
-            "DAEDALUS_API_TOKENS": json.dumps({TOKEN: DECIDER}),
             "DAEDALUS_DATABASE_URL": database_url,
             "DAEDALUS_TEMPORAL_ADDRESS": self.server.address,
             "DAEDALUS_AGENT_SANDBOX_WRITABLE": json.dumps([str(tmp / "starts")]),
         }
+        store = make_engine(database_url)
+        migrate(store)
+        api_tokens.add(store, DECIDER, TOKEN, created_by="bench")
+        store.dispose()
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.commands = {
             "control": ["worker", "--control"],

@@ -6,6 +6,7 @@ import this module. Each section is a plain pydantic model owned by its domain a
 `DAEDALUS_<SECTION>_<FIELD>`:
 
     home, host, artifacts   DAEDALUS_HOME, DAEDALUS_HOST, DAEDALUS_ARTIFACTS
+    hosts_file, policy_file DAEDALUS_HOSTS_FILE, DAEDALUS_POLICY_FILE
     database                DAEDALUS_DATABASE_URL
     temporal                DAEDALUS_TEMPORAL_ADDRESS, _PORT, _UI_PORT, _NAMESPACE, _CONTROL_QUEUE,
                             _TLS, _TLS_SERVER_CA, _TLS_CLIENT_CERT, _TLS_CLIENT_KEY, _TLS_SERVER_NAME, _API_KEY
@@ -206,6 +207,12 @@ class Settings(BaseSettings):
         default=Path(__file__).resolve().parents[2] / "examples" / "hosts.yaml",
         description="the host registry (hosts.yaml); the demo's is examples/hosts.yaml",
     )
+    policy_file: Path | None = Field(
+        default=None,
+        description="the server's policy (policy.yaml: people, roles, host operators, standing delegations); "
+        "None = a single-user stack where a spec's own approval rules are trusted; the demo's is "
+        "examples/policy.yaml",
+    )
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     temporal: TemporalSettings = Field(default_factory=TemporalSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
@@ -213,7 +220,7 @@ class Settings(BaseSettings):
     slack: SlackSettings = Field(default_factory=SlackSettings)
     engines: EngineSettings = Field(default_factory=EngineSettings)
 
-    @field_validator("home", "artifacts", "hosts_file")
+    @field_validator("home", "artifacts", "hosts_file", "policy_file")
     @classmethod
     def _absolute(cls, path: Path | None) -> Path | None:
         # Worktrees and git run from other directories: a relative path would point somewhere else there.

@@ -13,6 +13,7 @@ from daedalus.api.context import ApiContext, ClientFactory
 from daedalus.api.errors import validation_handler
 from daedalus.api.limits import MAX_BODY_BYTES, BodyLimit
 from daedalus.api.settings import ApiSettings
+from daedalus.decisions.policy import Policy
 from daedalus.slack.settings import SlackSettings
 
 
@@ -25,9 +26,11 @@ def create_app(
     settings: ApiSettings,
     slack: SlackSettings,
     max_body_bytes: int = MAX_BODY_BYTES,
+    policy: Policy | None = None,
 ) -> FastAPI:
     """The API over one Temporal client (given, or connected on first use by `client_factory`) and one store;
-    its settings come from the entry point (`daedalus api serve` builds them once)."""
+    its settings come from the entry point (`daedalus api serve` builds them once), and so does the server's
+    `policy` (None: a single-user stack, where a spec's own approval rules are trusted)."""
     if (client is None) == (client_factory is None):
         raise ValueError("create_app needs exactly one of `client` and `client_factory`")
     if client is not None:
@@ -52,6 +55,7 @@ def create_app(
         settings=settings,
         slack=slack,
         client_factory=client_factory,
+        policy=policy,
     )
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_exception_handler(RequestValidationError, validation_handler)

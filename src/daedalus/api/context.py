@@ -13,6 +13,7 @@ from sqlalchemy import Engine
 from temporalio.client import Client
 
 from daedalus.api.settings import ApiSettings
+from daedalus.decisions.policy import Policy
 from daedalus.errors import TicketError
 from daedalus.slack.settings import SlackSettings
 from daedalus.store import tokens
@@ -27,6 +28,7 @@ class ApiContext:
     settings: ApiSettings
     slack: SlackSettings
     client_factory: ClientFactory
+    policy: Policy | None = None
     _client: Client | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 

@@ -14,7 +14,7 @@ from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeou
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from daedalus.errors import TicketError
+from daedalus.errors import NotAllowed, TicketError
 from daedalus.services import UnknownRequest
 
 T = TypeVar("T")
@@ -25,6 +25,8 @@ def status_for(error: TicketError) -> int:
     """A TicketError's HTTP status, from what Temporal said underneath it."""
     if isinstance(error, UnknownRequest):
         return status.HTTP_404_NOT_FOUND
+    if isinstance(error, NotAllowed):
+        return status.HTTP_403_FORBIDDEN
     cause = error.__cause__
     if isinstance(cause, WorkflowAlreadyStartedError | WorkflowUpdateFailedError):
         return status.HTTP_409_CONFLICT  # a live duplicate, or the ticket's validator refused the change

@@ -14,8 +14,9 @@ from sqlalchemy import Engine
 from temporalio.client import Client
 
 from daedalus.config import Settings
+from daedalus.decisions.policy import Policy, configured_policy
 from daedalus.engines import paths
-from daedalus.errors import BadSettings, TicketError
+from daedalus.errors import BadSettings, SetupError, TicketError
 from daedalus.escaping import for_terminal
 from daedalus.services import connect
 from daedalus.store.database import make_engine, migrate
@@ -64,3 +65,12 @@ def store(settings_: Settings | None = None) -> Engine:
     engine = make_engine((settings_ or settings()).store_url)
     migrate(engine)
     return engine
+
+
+@functools.cache
+def policy() -> Policy | None:
+    """The server's policy (DAEDALUS_POLICY_FILE), read once; None on a single-user stack that sets none."""
+    try:
+        return configured_policy(settings().policy_file, settings().hosts_file)
+    except SetupError as error:
+        fail(str(error))

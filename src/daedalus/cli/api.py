@@ -36,6 +36,12 @@ def serve(
             "[yellow]no API tokens yet: every endpoint but /docs will answer 401 until an admin runs "
             "`daedalus token create --person <name>`[/yellow]"
         )
+    policy = _common.policy()
+    if policy is None:
+        console.print(
+            "[yellow]no DAEDALUS_POLICY_FILE: every token holder's tickets run on the hosts as their specs "
+            "say; set a policy for a shared stack (README, Policy)[/yellow]"
+        )
 
     async def connect() -> Client:
         return await client(settings)
@@ -46,6 +52,7 @@ def serve(
         client_factory=connect,
         settings=settings.api,
         slack=settings.slack,
+        policy=policy,
     )
     console.print(
         f"Daedalus API on http://{host}:{port} (docs at /docs); Temporal at {settings.temporal.target}"

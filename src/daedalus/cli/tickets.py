@@ -15,7 +15,7 @@ from rich.markdown import Markdown
 from rich.table import Table
 
 from daedalus import services as tickets
-from daedalus.cli._common import client, console, fail, run, settings, store
+from daedalus.cli._common import client, console, fail, policy, run, settings, store
 from daedalus.cli.remote import Remote, shared_stack
 from daedalus.escaping import for_terminal as shown
 from daedalus.hosts.registry import RegistryError, load_registry
@@ -25,9 +25,10 @@ from daedalus.schemas.ticket import (
     DecisionKind,
     Delegation,
     SpecAmendment,
+    TerminateRequest,
     TicketState,
 )
-from daedalus.services import TicketError
+from daedalus.services import TicketError, termination
 from daedalus.store import chain, queries
 from daedalus.store.database import session_scope
 from daedalus.store.tables import AuditEventRow, TicketRow
@@ -84,7 +85,12 @@ def create(
 
     async def go() -> str:
         handle = await tickets.file_ticket(
-            await client(), spec, queue=temporal.control_queue, filed_by=filed_by or "cli", hosts=hosts
+            await client(),
+            spec,
+            queue=temporal.control_queue,
+            filed_by=filed_by or "cli",
+            hosts=hosts,
+            policy=policy(),
         )
         return handle.id
 
@@ -250,6 +256,38 @@ def cancel(
     console.print(shown(f"ticket {ticket_id}: cancel requested by {who} (status now {state.status.value})"))
 
 
+@app.command()
+def terminate(
+    ticket_id: str,
+    reason: Annotated[str, typer.Option(help="why, kept in the closing audit event")],
+    who: Annotated[
+        str | None, typer.Option("--as", help=f"{AS_HELP}; a decider, or an operator of the ticket's host")
+    ] = None,
+) -> None:
+    """Last resort for a wedged ticket that cannot be cancelled: terminate its workflow and close its trail."""
+    remote = shared_stack()
+    who = remote.acting_as(who) if remote is not None else _local_person(who)
+    request = _model(TerminateRequest, requested_by=who, reason=reason)
+    if remote is not None:
+        events = remote.call("POST", f"/tickets/{ticket_id}/terminate", json=request.model_dump(mode="json"))
+        closed = [f"{event['ticket_id']} (#{event['seq']})" for event in events]
+    else:
+
+        async def go() -> list[str]:
+            closed = await termination.terminate(
+                await client(),
+                ticket_id,
+                by=request.requested_by,
+                reason=request.reason,
+                store=store(),
+                policy=policy(),
+            )
+            return [f"{event.ticket_id} (#{event.seq})" for event in closed]
+
+        closed = run(go())
+    console.print(shown(f"ticket {ticket_id} terminated by {who}; closing audit events: {', '.join(closed)}"))
+
+
 def decide(
     request_id: Annotated[str, typer.Argument(help="e.g. 4-dispatch-1 (see `daedalus ticket show`)")],
     option: Annotated[str, typer.Argument(help="one of the request's options")],
@@ -267,7 +305,7 @@ def decide(
     else:
 
         async def go() -> object:
-            return await tickets.decide(await client(), decision, store=store())
+            return await tickets.decide(await client(), decision, store=store(), policy=policy())
 
         run(go())
     console.print(shown(f"{who} chose {option!r} for {request_id}"))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
-from daedalus.decisions.schemas import Decision, DecisionRequest, DeskState
+from daedalus.decisions.schemas import Decision, DecisionRequest, DeskState, DispatchRule
 from daedalus.ids import training_workflow_id
 from daedalus.schemas._base import Model, SpecModel
 from daedalus.schemas.audit import TrailState
@@ -353,6 +353,10 @@ class TrainingRunInput(Model):
 
     spec: TrainingRunSpec
     carry: TrainingCarry = Field(default_factory=TrainingCarry)
+    dispatch: DispatchRule | None = Field(
+        default=None,
+        description="the server policy's dispatch rule, resolved at start; None: starts at once (no policy)",
+    )
 
 
 class TrainingRunStatus(Model):

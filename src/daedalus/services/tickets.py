@@ -16,6 +16,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from daedalus.decisions.policy import Policy, resolve_ticket
 from daedalus.hosts.registry import Registry
 from daedalus.ids import ticket_workflow_id
 from daedalus.schemas import search_attributes
@@ -140,19 +141,26 @@ async def file_ticket(
     queue: str,
     filed_by: str = "cli",
     hosts: Registry | None = None,
+    policy: Policy | None = None,
 ) -> WorkflowHandle[Any, Any]:
     """Start `ticket-<id>`; refuses while a ticket with that id is live, allows re-filing a closed one.
 
-    With `hosts` (the registry), a ticket naming an undeclared host is refused before anything starts.
+    With `hosts` (the registry), a ticket naming an undeclared host is refused before anything starts. With
+    the server's `policy` (every entry point that has one passes it), the filer must be allowed to file, a
+    spec that loosens its approval is refused, and the ticket waits for a dispatch decision by someone else
+    unless the policy lets the filer operate its hosts. Without one, the spec's own approval rules apply.
     """
     require_workable(spec)
     await _refuse_live_children(client, spec)
     if hosts is not None:
         require_known_hosts(spec, hosts)
+    dispatch = None
+    if policy is not None:
+        spec, dispatch = resolve_ticket(policy, spec, filed_by)
     try:
         return await client.start_workflow(
             TicketWorkflow.run,
-            TicketInput(spec=spec, filed_by=filed_by),
+            TicketInput(spec=spec, filed_by=filed_by, dispatch=dispatch),
             id=ticket_workflow_id(spec.id),
             task_queue=queue,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,

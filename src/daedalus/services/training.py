@@ -16,6 +16,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from daedalus.decisions.policy import Policy, resolve_training
 from daedalus.ids import training_workflow_id
 from daedalus.schemas.training import StopTraining, TrainingRunInput, TrainingRunSpec, TrainingRunStatus
 from daedalus.services._temporal import TicketError, update
@@ -59,14 +60,25 @@ def load_run_spec(path: Path) -> TrainingRunSpec:
 
 
 async def start_run(
-    client: Client, spec: TrainingRunSpec, *, queue: str
+    client: Client,
+    spec: TrainingRunSpec,
+    *,
+    queue: str,
+    started_by: str = "cli",
+    policy: Policy | None = None,
 ) -> WorkflowHandle[TrainingRunWorkflow, TrainingRunStatus]:
-    """Start `training-<name>`; refuses while a run of that name is live, allows a new one after it ended."""
+    """Start `training-<name>`; refuses while a run of that name is live, allows a new one after it ended.
+
+    With the server's `policy`, a run started by someone who does not operate its host waits for a dispatch
+    decision by someone else before the trainer starts; a spec that loosens its approval is refused."""
     require_startable(spec)
+    dispatch = None
+    if policy is not None:
+        spec, dispatch = resolve_training(policy, spec, started_by)
     try:
         return await client.start_workflow(
             TrainingRunWorkflow.run,
-            TrainingRunInput(spec=spec),
+            TrainingRunInput(spec=spec, dispatch=dispatch),
             id=spec.workflow_id,
             task_queue=queue,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,

@@ -166,7 +166,8 @@ class TicketWorkflow:
         self.ui.identity(self.spec)
         if ticket.carry is None:
             filed = f"filed by {ticket.filed_by}: {self.spec.title}"
-            await self.trail.record(AuditKind.FILED, filed, actor=ticket.filed_by)
+            policy = {"dispatch": ticket.dispatch.reason} if ticket.dispatch is not None else None
+            await self.trail.record(AuditKind.FILED, filed, actor=ticket.filed_by, detail=policy)
         try:
             status, reason = await self._lifecycle()
         except (asyncio.CancelledError, Interrupted):
@@ -183,10 +184,12 @@ class TicketWorkflow:
 
     async def _lifecycle(self) -> rules.Closed:
         spec = self.spec
-        dispatch = None if self.s.dispatch_approved else rules.dispatch_question(spec)
+        rule = self.input.dispatch  # the server's policy, resolved at filing (None: the spec's own rules)
+        dispatch = None if self.s.dispatch_approved else rules.dispatch_question(spec, rule)
         if dispatch is not None:
             question, evidence = dispatch
-            answer = await self._ask(DecisionKind.DISPATCH, question, DispatchOption, evidence)
+            excluded = rule.excluded if rule is not None else []
+            answer = await self._ask(DecisionKind.DISPATCH, question, DispatchOption, evidence, excluded)
             if answer.option is DispatchOption.REJECT:
                 return TicketStatus.CANCELLED, f"dispatch rejected by {answer.by}"
             self._set(dispatch_approved=True)
@@ -212,7 +215,11 @@ class TicketWorkflow:
             result: TicketState = await self.steps.run(
                 workflow.execute_child_workflow(
                     TicketWorkflow.run,
-                    TicketInput(spec=child, filed_by=f"ticket {self.spec.id}"),
+                    TicketInput(
+                        spec=child,
+                        filed_by=f"ticket {self.spec.id}",
+                        dispatch=rules.child_dispatch(self.input.dispatch, child),
+                    ),
                     id=ticket_workflow_id(child.id),
                     search_attributes=sa.at_start(child),
                     static_summary=start_summary(child),
@@ -309,7 +316,12 @@ class TicketWorkflow:
     # ---- decisions and bookkeeping -------------------------------------------------------------------
 
     async def _ask(
-        self, kind: DecisionKind, question: str, options: type[E], evidence: list[str]
+        self,
+        kind: DecisionKind,
+        question: str,
+        options: type[E],
+        evidence: list[str],
+        excluded: list[str] | None = None,
     ) -> Answer[E]:
         waiting = Waiting(
             reminder=timedelta(seconds=self.spec.approval.reminder_interval_s),
@@ -318,7 +330,14 @@ class TicketWorkflow:
             continue_as_new=self._continue_as_new,
         )
         answer = await self.desk.ask(
-            kind, question, options, evidence, waiting, ticket_id=self.spec.id, before_write=self._awaiting
+            kind,
+            question,
+            options,
+            evidence,
+            waiting,
+            ticket_id=self.spec.id,
+            before_write=self._awaiting,
+            excluded=excluded or (),
         )
         if answer is None:
             raise Interrupted()
