@@ -348,7 +348,7 @@ class TicketWorkflow:
         """The ticket's status and the UI's `DaedalusWaitingFor` move before the request's event is written."""
         escalation = request.kind is DecisionKind.ESCALATION
         self._set(status=TicketStatus.AWAITING_DECISION if escalation else TicketStatus.AWAITING_APPROVAL)
-        self.ui.show(self.spec, self.s.status, request.question, waiting_for=self.desk.allowed(request.kind))
+        self.ui.show(self.spec, self.s.status, request.question, waiting_for=request.allowed)
 
     def _continue_as_new(self) -> NoReturn:
         carry = self.s.model_copy(
@@ -374,6 +374,6 @@ class TicketWorkflow:
 
     def _snapshot(self, seq: int, kind: AuditKind) -> TicketSnapshot:
         pending = self.desk.pending
-        awaiting = ",".join(self.desk.allowed(pending.kind)) if pending else None
+        awaiting = ",".join(pending.allowed) if pending else None
         with_spec = seq == 1 or kind is AuditKind.AMENDED  # the spec as filed, and as amended
         return rules.snapshot(self.spec, self.s, workflow.info(), awaiting, with_spec)
