@@ -60,6 +60,9 @@ class WorkerConfig:
     workspace_root: Path
     artifacts: Path
     max_concurrent_activities: int = 50
+    max_cached_workflows: int = 1000
+    """Workflows the control worker keeps in memory; a workflow not in it is rebuilt from its history (a replay)
+    when it next has work: a decision on one of more parked tickets than this pays that replay."""
     slack: SlackSettings = field(default_factory=SlackSettings)
     """The default has no token: notifications are off (tests never reach Slack)."""
     agent: AgentSettings = field(default_factory=AgentSettings)
@@ -78,6 +81,7 @@ class WorkerConfig:
             slack=settings.slack,
             agent=settings.agent,
             engines=settings.engines,
+            max_cached_workflows=settings.temporal.workflow_cache,
         )
 
 
@@ -106,6 +110,7 @@ def control_worker(client: Client, config: WorkerConfig, engine: Engine) -> Work
         ],
         workflow_failure_exception_types=[Exception] if config.fail_workflows_on_bugs else [],
         max_concurrent_activities=config.max_concurrent_activities,
+        max_cached_workflows=config.max_cached_workflows,
     )
 
 
