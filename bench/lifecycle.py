@@ -402,10 +402,15 @@ async def attribute(client: Client, decided: list[tuple[str, float, float]], pre
     return out
 
 
+async def parked_now(client: Client) -> int:
+    return (await client.count_workflows("DaedalusStatus = 'awaiting_approval'")).count
+
+
 async def parked(client: Client, count: int, decides: int, worker: psutil.Process) -> dict[str, Any]:
     rss_before = worker.memory_info().rss
     load_before = load_average()
     specs = [spec(approval=True) for _ in range(count)]
+    parked_before = await parked_now(client)  # those an earlier part left undecided
     start = time.perf_counter()
     for i in range(0, count, 100):
         await asyncio.gather(*(daedalus.file_ticket(client, s, queue=CONTROL) for s in specs[i : i + 100]))
@@ -414,7 +419,7 @@ async def parked(client: Client, count: int, decides: int, worker: psutil.Proces
     # Parked = each one has asked for its decision: its DaedalusStatus search attribute says so (1,000 status
     # queries at once would only measure the query path).
     deadline = time.monotonic() + 60 + count * 0.25
-    while (waiting := (await client.count_workflows("DaedalusStatus = 'awaiting_approval'")).count) < count:
+    while (waiting := await parked_now(client) - parked_before) < count:
         if time.monotonic() > deadline:
             raise SystemExit(f"only {waiting} of {count} tickets parked")
         await asyncio.sleep(0.5)
