@@ -21,8 +21,10 @@
 The worker runs in a child process (so its RSS is its own). Results: bench/results/lifecycle.json (the first
 parked count under plain keys, the others with the count as a suffix: `decide_p99_ms_5000`).
 Run: .venv/bin/python bench/lifecycle.py [--tickets 120] [--rounds 6] [--parked 1000 5000] [--decides 250]
-     [--workflow-cache N] [--in-memory]
-With PYTHONPATH=<another checkout>/src the same benchmark measures that checkout's workflows (before/after).
+     [--workflow-cache N] [--compare-remote-audit] [--results PATH] [--in-memory]
+--compare-remote-audit runs the first count again on a worker that leaves the `audit-local-activity` patch off
+(each audit event a remote activity, as before it), on the same server, keys `remote_audit_*`. With
+PYTHONPATH=<another checkout>/src the benchmark measures that checkout's workflows.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ from daedalus.schemas.ticket import Decision, DecisionRequest, TicketSpec, Ticke
 from daedalus.store.database import make_engine, migrate  # noqa: E402
 from daedalus.worker import WorkerConfig, control_worker  # noqa: E402
 from daedalus.workflows.ticket import TicketWorkflow  # noqa: E402
+from daedalus.workflows.trail import AUDIT_LOCAL_ACTIVITY  # noqa: E402
 
 HOST = "bench"
 CONTROL = "bench-control"
@@ -144,7 +147,7 @@ def host_worker(client: Client) -> Worker:
     )
 
 
-async def run_worker(address: str, store: str | None, workflow_cache: int | None) -> None:
+async def run_worker(address: str, store: str | None, workflow_cache: int | None, remote_audit: bool) -> None:
     """The worker process. Without a store (part a): TicketWorkflow and the bare workflow on the control queue,
     fakes on both queues. With one (part b): the control worker as `daedalus worker` builds it, on that store."""
     client = await Client.connect(address, data_converter=pydantic_data_converter)
@@ -163,10 +166,11 @@ async def run_worker(address: str, store: str | None, workflow_cache: int | None
         config = WorkerConfig(
             control_queue=CONTROL, hosts=[], workspace_root=tmp / "ws", artifacts=tmp / "artifacts"
         )
-        if (
-            workflow_cache is not None
-        ):  # (left alone otherwise, so that an older checkout's WorkerConfig runs too)
+        # Changed only when asked, so that an older checkout's WorkerConfig runs this too.
+        if workflow_cache is not None:
             config = dataclasses.replace(config, max_cached_workflows=workflow_cache)
+        if remote_audit:  # the code before the patch: each audit event a remote activity
+            config = dataclasses.replace(config, inactive_patches=frozenset({AUDIT_LOCAL_ACTIVITY}))
         control = control_worker(client, config, engine)
     async with control, host_worker(client):
         print("worker ready", flush=True)
@@ -176,8 +180,17 @@ async def run_worker(address: str, store: str | None, workflow_cache: int | None
 class WorkerProcess:
     """The worker in a child process of its own, so that its RSS is its own."""
 
-    def __init__(self, address: str, log: Path, store: str | None = None, workflow_cache: int | None = None):
+    def __init__(
+        self,
+        address: str,
+        log: Path,
+        store: str | None = None,
+        workflow_cache: int | None = None,
+        remote_audit: bool = False,
+    ):
         command = [sys.executable, __file__, "--worker", address]
+        if remote_audit:
+            command.append("--remote-audit")
         if store is not None:
             command += ["--store", store]
         if workflow_cache is not None:
@@ -479,6 +492,22 @@ async def parked(client: Client, count: int, decides: int, worker: psutil.Proces
     }
 
 
+async def parked_part(
+    client: Client, tmp: Path, count: int, args: argparse.Namespace, remote_audit: bool = False
+) -> dict[str, Any]:
+    """Part (b) for `count` parked tickets, on a fresh control worker and a fresh audit store."""
+    t0 = time.perf_counter()
+    name = f"{count}-remote-audit" if remote_audit else str(count)
+    store = f"sqlite:///{tmp / f'store-{name}' / 'daedalus.db'}"
+    log = tmp / f"worker-{name}.log"
+    async with WorkerProcess(
+        client.service_client.config.target_host, log, store, args.workflow_cache, remote_audit
+    ) as worker:
+        b = await parked(client, count, args.decides, worker)
+    b["part_b_s"] = round(time.perf_counter() - t0, 1)
+    return b
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="daedalus-bench-") as tmp_dir:
         tmp = Path(tmp_dir)
@@ -496,13 +525,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 result.update(await overhead(client, args.tickets, args.rounds))
             result["part_a_s"] = round(time.perf_counter() - t0, 1)
             for n, count in enumerate(args.parked):
-                t0 = time.perf_counter()
-                store = f"sqlite:///{tmp / f'store-{count}' / 'daedalus.db'}"
-                log = tmp / f"worker-{count}.log"
-                async with WorkerProcess(server.address, log, store, args.workflow_cache) as worker:
-                    b = await parked(client, count, args.decides, worker)
-                b["part_b_s"] = round(time.perf_counter() - t0, 1)
+                b = await parked_part(client, tmp, count, args)
                 result.update(b if n == 0 else {f"{k}_{count}": v for k, v in b.items()})
+            if args.compare_remote_audit:  # the same part again, on the code before audit writes were local
+                b = await parked_part(client, tmp, args.parked[0], args, remote_audit=True)
+                result.update({f"remote_audit_{k}": v for k, v in b.items()})
     return {
         **result,
         "workflow_cache": args.workflow_cache or "temporalio's default (1000)",
@@ -533,12 +560,18 @@ def show(result: dict[str, Any], parked: list[int]) -> None:
     )
     table.add_row("overhead ratio (ticket / bare)", f"{result['overhead_ratio']:.3f}x", "<= 1.3x")
     table.add_row("per-round ratios", " ".join(f"{r:.2f}" for r in result["round_ratios"]), "")
-    for n, count in enumerate(parked):
-        r = (
-            result
-            if n == 0
-            else {k.removesuffix(f"_{count}"): v for k, v in result.items() if k.endswith(f"_{count}")}
-        )
+    parts = [(f"{count} parked", count, n == 0) for n, count in enumerate(parked)]
+    if "remote_audit_parked_tickets" in result:
+        parts.append((f"{parked[0]} parked, audit events as remote activities (before)", parked[0], False))
+    for title, count, plain in parts:
+        if plain:
+            r = result
+        elif title.endswith("(before)"):
+            r = {
+                k.removeprefix("remote_audit_"): v for k, v in result.items() if k.startswith("remote_audit_")
+            }
+        else:
+            r = {k.removesuffix(f"_{count}"): v for k, v in result.items() if k.endswith(f"_{count}")}
         rows = [
             ("filed in / all parked in, s", f"{r['file_s']} / {r['all_parked_s']}", ""),
             (
@@ -577,7 +610,7 @@ def show(result: dict[str, Any], parked: list[int]) -> None:
             ("load average before / after", f"{r['load_average_before']} / {r['load_average_after']}", ""),
         ]
         table.add_section()
-        table.add_row(f"[bold]{count} parked[/bold]", "", "")
+        table.add_row(f"[bold]{title}[/bold]", "", "")
         for row in rows:
             table.add_row(*row)
     Console(width=140).print(table)
@@ -602,9 +635,20 @@ if __name__ == "__main__":
     )
     parser.add_argument("--worker", metavar="ADDRESS", help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--remote-audit", action="store_true", help=argparse.SUPPRESS
+    )  # the worker leaves the audit-local-activity patch off
+    parser.add_argument(
+        "--compare-remote-audit",
+        action="store_true",
+        help="run the first parked count again with audit events as remote activities (the code before "
+        "the audit-local-activity patch), on the same server: keys remote_audit_*",
+    )
     arguments = parser.parse_args()
     if arguments.worker:
-        asyncio.run(run_worker(arguments.worker, arguments.store, arguments.workflow_cache))
+        asyncio.run(
+            run_worker(arguments.worker, arguments.store, arguments.workflow_cache, arguments.remote_audit)
+        )
         raise SystemExit(0)
     outcome = asyncio.run(main(arguments))
     arguments.results.parent.mkdir(parents=True, exist_ok=True)

@@ -69,6 +69,9 @@ class WorkerConfig:
     engines: EngineSettings | None = None
     """The engine cache; None leaves the process's as its entry point configured it (a test session's)."""
     fail_workflows_on_bugs: bool = False
+    inactive_patches: frozenset[str] = frozenset()
+    """`workflow.patched` ids this worker does not switch on for new workflows (they keep the old commands): during
+    a rolling deploy, until every worker knows the patch; and for measuring a change against the code before it."""
     """Tests set this so a workflow bug fails the run at once instead of retrying its task forever."""
 
     @classmethod
@@ -111,6 +114,9 @@ def control_worker(client: Client, config: WorkerConfig, engine: Engine) -> Work
         workflow_failure_exception_types=[Exception] if config.fail_workflows_on_bugs else [],
         max_concurrent_activities=config.max_concurrent_activities,
         max_cached_workflows=config.max_cached_workflows,
+        patch_activation_callback=(
+            (lambda patch: patch.patch_id not in config.inactive_patches) if config.inactive_patches else None
+        ),
     )
 
 
