@@ -69,10 +69,10 @@ class WorkerConfig:
     engines: EngineSettings | None = None
     """The engine cache; None leaves the process's as its entry point configured it (a test session's)."""
     fail_workflows_on_bugs: bool = False
+    """Tests set this so a workflow bug fails the run at once instead of retrying its task forever."""
     inactive_patches: frozenset[str] = frozenset()
     """`workflow.patched` ids this worker does not switch on for new workflows (they keep the old commands): during
     a rolling deploy, until every worker knows the patch; and for measuring a change against the code before it."""
-    """Tests set this so a workflow bug fails the run at once instead of retrying its task forever."""
 
     @classmethod
     def from_settings(cls, settings: Settings, hosts: Sequence[str]) -> WorkerConfig:
