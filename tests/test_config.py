@@ -184,3 +184,13 @@ def test_the_embedded_servers_sqlite_sync_is_a_setting(
     chosen = Settings.load().temporal.sqlite_synchronous
     command = DevServer(db_file=tmp_path / "t.db", port=1, ui_port=None, synchronous=chosen).command()
     assert "synchronous=full" in command and "journal_mode=wal" in command
+
+
+def test_the_control_workers_workflow_cache_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More parked tickets than the cache pay a replay per decision; the cache size is the operator's choice."""
+    assert WorkerConfig.from_settings(Settings.load(), hosts=[]).max_cached_workflows == 1000
+    monkeypatch.setenv("DAEDALUS_TEMPORAL_WORKFLOW_CACHE", "6000")
+    assert WorkerConfig.from_settings(Settings.load(), hosts=[]).max_cached_workflows == 6000
+    monkeypatch.setenv("DAEDALUS_TEMPORAL_WORKFLOW_CACHE", "0")
+    with pytest.raises(BadSettings, match=r"DAEDALUS_TEMPORAL_WORKFLOW_CACHE: Input should be greater than"):
+        Settings.load()

@@ -94,6 +94,12 @@ class TemporalSettings(BaseModel):
     ui_port: int = Field(default=8233, ge=1, le=65535, description="the embedded dev server's Web UI")
     namespace: str = "default"
     control_queue: str = Field(default=CONTROL_QUEUE, min_length=1)
+    workflow_cache: int = Field(
+        default=1000,
+        ge=1,
+        description="workflows the control worker keeps in memory (about 0.2 MB each); one that is not is "
+        "replayed from its history when it next has work",
+    )
     sqlite_synchronous: SqliteSynchronous = Field(
         default="normal",
         description="the embedded server's SQLite sync: normal survives a process crash, full also a power loss",

@@ -39,6 +39,14 @@ class ActivityRef(Generic[In, Out]):
         result: Out = await workflow.execute_activity(self.name, argument, result_type=self.output, **options)
         return result
 
+    async def execute_local(self, argument: In, **options: Any) -> Out:
+        """`workflow.execute_local_activity`: run by the workflow's own worker, its result recorded as a marker
+        in the workflow's history (workflow code only; the worker must register the activity)."""
+        result: Out = await workflow.execute_local_activity(
+            self.name, argument, result_type=self.output, **options
+        )
+        return result
+
     def start(self, argument: In, **options: Any) -> workflow.ActivityHandle[Out]:
         """`workflow.start_activity`: a handle the workflow can cancel (workflow code only)."""
         handle: workflow.ActivityHandle[Out] = workflow.start_activity(
