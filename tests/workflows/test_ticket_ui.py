@@ -16,7 +16,7 @@ from temporalio.client import Client, WorkflowHandle
 
 from daedalus import services as daedalus
 from daedalus.schemas import search_attributes as sa
-from daedalus.schemas.ticket import CancelRequest, Decision, TicketStatus
+from daedalus.schemas.ticket import CancelRequest, Decision, DecisionKind, Delegation, TicketStatus
 from daedalus.schemas.ui import start_summary
 from tests.support import make_engine_repo, running_workers, ticket_spec
 from tests.ticket_helpers import host_of, pending
@@ -110,6 +110,33 @@ async def test_saved_views_find_who_a_ticket_waits_for_and_how_it_ended(
     assert f"attempt 1: scripted on {host}" in summaries
     assert f"build attempt 1 on {host}" in summaries
     assert "gate decode: decode_tps >= 55 (attempt 1, round 1)" in summaries
+
+
+async def test_a_run_time_delegate_shows_in_the_waiting_for_view(
+    temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
+) -> None:
+    host = host_of(task_queue)
+    approval = {"dispatch_requires_approval": True, "deciders": ["wayne"]}
+    spec = ticket_spec(make_engine_repo(tmp_path / "repo"), host, approval=approval)
+    lead_waits = f'DaedalusHost = "{host}" AND DaedalusWaitingFor = "lead"'
+    async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
+        handle = await daedalus.file_ticket(temporal_client, spec, queue=task_queue)
+        await pending(handle)
+        assert await listed(temporal_client, lead_waits, set(), timeout=1) == set()
+        await daedalus.delegate(
+            temporal_client,
+            spec.id,
+            Delegation(granted_by="wayne", delegate="lead", kind=DecisionKind.DISPATCH),
+        )
+        assert await listed(temporal_client, lead_waits, {handle.id}) == {handle.id}
+        shown = (await handle.describe()).typed_search_attributes
+        assert shown.get(sa.WAITING_FOR) == ["wayne", "lead"]
+        assert "waiting for wayne, lead" in await current_details(handle)
+        await daedalus.cancel(
+            temporal_client, spec.id, CancelRequest(requested_by="lead", reason="test over")
+        )
+        assert (await handle.result()).status is TicketStatus.CANCELLED
+    await replayer().replay_workflow(await handle.fetch_history())
 
 
 async def test_the_readmes_saved_views_are_queries_the_server_accepts(temporal_client: Client) -> None:
