@@ -8,7 +8,13 @@ They are the pieces the ticket workflow needs for the search attributes `Daedalu
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from daedalus.schemas.ticket import TicketSpec, TicketStatus
+
+if TYPE_CHECKING:
+    from daedalus.schemas.campaigns import CampaignSpec
+    from daedalus.schemas.training import TrainingRunSpec
 
 SUMMARY_LIMIT = 200  # Temporal truncates long summaries in the list; keep them readable there
 
@@ -100,6 +106,16 @@ def gate_activity_summary(gate: str, rule: str, *, attempt: int, round: int = 1)
 def start_summary(spec: TicketSpec) -> str:
     """The workflow's static summary, fixed at start (the list's Summary column): which ticket, on which host."""
     return _clip(f"ticket {spec.id}: {spec.title} ({spec.host})")
+
+
+def training_summary(spec: TrainingRunSpec) -> str:
+    """A training run's static summary: its name, host and command."""
+    return _clip(f"training run {spec.name} on {spec.host}: {' '.join(spec.command)}")
+
+
+def campaign_summary(spec: CampaignSpec) -> str:
+    """A campaign's static summary: which campaign, on which host."""
+    return _clip(f"campaign {spec.id}: {spec.title} ({spec.host})")
 
 
 def start_details(spec: TicketSpec) -> str:
