@@ -1,9 +1,10 @@
 """Pure helpers for what the Temporal UI shows of a ticket: who it waits for as a KeywordList, the closed
 outcome in words, and short summaries for the workflow list and the timeline. Safe inside workflows.
 
-They are the pieces the ticket workflow needs for the search attributes `DaedalusAwaiting` (KeywordList, so
-`DaedalusAwaiting = "wayne"` matches a ticket waiting for "wayne" and "lead"), `DaedalusOutcome`, and for
-`workflow.set_current_details` / activity `summary=` (Temporal UI 2.x shows both).
+They are the pieces the ticket workflow needs for the search attributes `DaedalusWaitingFor` (KeywordList, so
+`DaedalusWaitingFor = "wayne"` matches a ticket waiting for "wayne" and "lead"), `DaedalusOutcome`, and for
+`workflow.set_current_details` / activity `summary=` (Temporal UI 2.x shows both); and the static summaries of
+tickets, training runs and campaigns.
 """
 
 from __future__ import annotations
