@@ -25,6 +25,7 @@ OUTCOMES: dict[TicketStatus, str] = {
     TicketStatus.CANCELLED: "cancelled",
     TicketStatus.CLOSED_UNDER_EXCEPTION: "closed under exception",
     TicketStatus.STOPPED_BY_RULES: "stopped by the rules",
+    TicketStatus.TERMINATED: "terminated",  # closed by the service layer once its workflow was terminated
 }
 MARKS: dict[TicketStatus, str] = {
     TicketStatus.PASSED: "✅",
@@ -32,6 +33,7 @@ MARKS: dict[TicketStatus, str] = {
     TicketStatus.FAILED: "❌",
     TicketStatus.STOPPED_BY_RULES: "⛔",
     TicketStatus.CANCELLED: "🚫",
+    TicketStatus.TERMINATED: "🛑",
 }
 
 
@@ -60,19 +62,6 @@ def outcome_label(status: TicketStatus | str) -> str | None:
 def _clip(text: str) -> str:
     text = " ".join(text.split())
     return text if len(text) <= SUMMARY_LIMIT else text[: SUMMARY_LIMIT - 1] + "…"
-
-
-def ticket_summary(
-    ticket_id: str, title: str, status: TicketStatus | str, awaiting: str | list[str] | None
-) -> str:
-    """One line for the workflow list: "✅ 4 MTP align tax fix — passed", "6e ... — awaiting decision: wayne"."""
-    state = TicketStatus(status)
-    outcome = outcome_label(state)
-    if outcome is not None:
-        return _clip(f"{MARKS[state]} {ticket_id} {title} — {outcome}")
-    people = awaiting_people(awaiting)
-    waiting = f": {', '.join(people)}" if people else ""
-    return _clip(f"{ticket_id} {title} — {state.value.replace('_', ' ')}{waiting}")
 
 
 def current_details(
