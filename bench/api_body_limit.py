@@ -31,7 +31,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from daedalus.ports import free_port  # noqa: E402
+from daedalus.ports import free_port, wait_until_open  # noqa: E402
 from daedalus.store import tokens as api_tokens  # noqa: E402
 from daedalus.store.database import make_engine, migrate  # noqa: E402
 
@@ -102,15 +102,7 @@ def main() -> None:
         process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    httpx.get(f"{base}/openapi.json", timeout=2)
-                    break
-                except httpx.TransportError:
-                    if time.monotonic() > deadline:
-                        raise SystemExit("the API never started") from None
-                    time.sleep(0.2)
+            wait_until_open(port, "the API")
             server = psutil.Process(process.pid)
             rows = []
             for label, token in (("bad token", "not-a-token"), ("good token", GOOD_TOKEN)):

@@ -9,7 +9,6 @@ from daedalus.schemas.ui import (
     current_details,
     gate_activity_summary,
     outcome_label,
-    ticket_summary,
 )
 
 
@@ -27,16 +26,8 @@ def test_every_closed_status_has_an_outcome_and_no_open_one_does() -> None:
     assert outcome_label("no-such-status") is None
 
 
-def test_summaries_name_the_outcome_or_who_it_waits_for() -> None:
-    assert ticket_summary("4", "MTP align tax fix", "passed", None) == "✅ 4 MTP align tax fix — passed"
-    assert (
-        ticket_summary("6", "TP4/MTP", TicketStatus.STOPPED_BY_RULES, None)
-        == "⛔ 6 TP4/MTP — stopped by the rules"
-    )
-    assert ticket_summary("5", "TQ workspace", "awaiting_approval", "wayne,lead") == (
-        "5 TQ workspace — awaiting approval: wayne, lead"
-    )
-    assert len(ticket_summary("7", "x" * 500, "dispatched", None)) == SUMMARY_LIMIT
+def test_details_name_the_outcome_or_what_happens_now_and_summaries_stay_short() -> None:
+    assert len(gate_activity_summary("decode", "x" * 500, attempt=1)) == SUMMARY_LIMIT
     assert (
         current_details("gating", gate="decode", attempt=2)
         == "**gating**\n\nattempt 2\n\nmeasuring gate `decode`"

@@ -9,6 +9,7 @@ import this module. Each section is a plain pydantic model owned by its domain a
     hosts_file, policy_file DAEDALUS_HOSTS_FILE, DAEDALUS_POLICY_FILE
     database                DAEDALUS_DATABASE_URL
     temporal                DAEDALUS_TEMPORAL_ADDRESS, _PORT, _UI_PORT, _NAMESPACE, _CONTROL_QUEUE,
+                            _WORKFLOW_CACHE, _SQLITE_SYNCHRONOUS,
                             _TLS, _TLS_SERVER_CA, _TLS_CLIENT_CERT, _TLS_CLIENT_KEY, _TLS_SERVER_NAME, _API_KEY
     agent                   DAEDALUS_AGENT_* (daedalus.agents.settings)
     api                     DAEDALUS_API_UPDATE_TIMEOUT_S; for the CLI DAEDALUS_API_URL, _TOKEN (daedalus.api.settings)

@@ -1,6 +1,8 @@
-"""Local TCP ports: pick a free one, ask whether something listens, ask whether one can be bound."""
+"""Local TCP ports: pick a free one, ask whether something listens or wait until it does, ask whether one can be
+bound."""
 
 import socket
+import time
 
 
 def free_port() -> int:
@@ -15,6 +17,15 @@ def port_is_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.2)
         return sock.connect_ex((host, port)) == 0
+
+
+def wait_until_open(port: int, what: str, timeout_s: float = 30, host: str = "127.0.0.1") -> None:
+    """Block until something accepts connections on `port` (uvicorn listens only once its app has started)."""
+    deadline = time.monotonic() + timeout_s
+    while not port_is_open(port, host):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} never started listening on {host}:{port} within {timeout_s:g}s")
+        time.sleep(0.1)
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:

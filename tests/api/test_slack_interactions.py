@@ -1,8 +1,12 @@
-"""POST /slack/interactions edge cases: what is not a decision click, what is not configured, what is not Slack's."""
+"""POST /slack/interactions edge cases: what is not a decision click, what is not configured, what is not Slack's,
+and a ticket that does not answer in time."""
 
 from __future__ import annotations
 
+import copy
 import json
+from pathlib import Path
+from typing import Any
 
 import httpx
 from pydantic import SecretStr
@@ -15,8 +19,10 @@ from daedalus.ports import free_port
 from daedalus.services import connect
 from daedalus.slack.settings import SlackSettings
 from tests.api.conftest import SIGNING_SECRET, as_, install_tokens
+from tests.api.test_tickets import APPROVAL, body_of, pending
 from tests.slack.fake_slack import FakeSlack
 from tests.slack.signing import click, form_body, sign
+from tests.support import make_engine_repo, running_workers, ticket_spec
 
 MESSAGE = {
     "ts": "1.000001",
@@ -80,6 +86,46 @@ async def test_not_configured_and_temporal_unreachable(sqlite_engine: Engine) ->
         assert answer.status_code == 503 and f"cannot reach Temporal at {dead}" in answer.json()["detail"]
         # The store side still answers without Temporal.
         assert (await api.get("/tickets", headers=as_("wayne"))).json() == []
+
+
+async def test_a_ticket_without_a_worker_gets_the_clicker_a_no_answer_reply(
+    api: httpx.AsyncClient,
+    slack: FakeSlack,
+    slack_settings: SlackSettings,
+    temporal_client: Client,
+    sqlite_engine: Engine,
+    tmp_path: Path,
+    task_queue: str,
+) -> None:
+    """The decide update cut short by the API's timeout is the SDK's own error, not TimeoutError; the clicker
+    still hears that the ticket did not answer."""
+    host = f"h-{task_queue[-8:]}"
+    spec = ticket_spec(make_engine_repo(tmp_path / "repo"), host, approval=APPROVAL)
+    async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
+        filed = await api.post("/tickets", json=body_of(spec), headers=as_("wayne"))
+        assert filed.status_code == 201, filed.text
+        request = await pending(api, spec.id)
+    # Workers gone: nothing applies the update before the API stops waiting.
+    impatient = create_app(
+        client=temporal_client,
+        engine=sqlite_engine,
+        control_queue=task_queue,
+        settings=ApiSettings(update_timeout_s=1),
+        slack=slack_settings,
+    )
+    message = copy.deepcopy(MESSAGE)
+    block: dict[str, Any] = message["blocks"][0]  # type: ignore[index]
+    block["block_id"] = f"decide:{request['id']}"
+    block["elements"][0]["value"] = json.dumps({"request_id": request["id"], "option": "approve"})
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=impatient), base_url="http://d") as late:
+        payload = click(message, "approve", user="UWAYNE", response_url=slack.response_url("late"))
+        body = form_body(payload)
+        answer = await late.post("/slack/interactions", content=body, headers=sign(SIGNING_SECRET, body))
+    assert answer.status_code == 200
+    [reply] = slack.responses
+    assert reply["replace_original"] is False
+    assert f"No answer from ticket {request['id']} within 1s; it may still apply" in reply["text"]
+    await temporal_client.get_workflow_handle(f"ticket-{spec.id}").terminate("test over")
 
 
 def test_settings_refuse_names_that_are_not_people() -> None:

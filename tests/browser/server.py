@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import httpx
 import uvicorn
 from sqlalchemy import Engine
 from temporalio.client import Client
 
 from daedalus.api import create_app
 from daedalus.api.settings import ApiSettings
-from daedalus.ports import free_port
+from daedalus.ports import free_port, wait_until_open
 from daedalus.slack.settings import SlackSettings
 from daedalus.store import tokens as api_tokens
 
@@ -37,15 +35,7 @@ def serving(engine: Engine, tokens: dict[str, str]) -> Iterator[str]:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            httpx.get(f"{base}/openapi.json", timeout=2)
-            break
-        except httpx.TransportError:
-            if time.monotonic() > deadline:
-                raise RuntimeError("uvicorn never started listening") from None
-            time.sleep(0.1)
+    wait_until_open(port, "uvicorn", timeout_s=20)
     try:
         yield base
     finally:

@@ -101,7 +101,7 @@ def test_a_campaign_subject_routes_to_its_workflow_and_labels_refusals() -> None
     campaign = adapter.validate_json(CampaignSubject(campaign="c1").model_dump_json())
     assert campaign == CampaignSubject(campaign="c1") and campaign.workflow_id == "campaign-c1"
     asked = request().model_copy(update={"subject": campaign})
-    assert refusal(asked, answer(decided_by="mallory"), label=campaign.label) == (
+    assert refusal(asked, answer(decided_by="mallory")) == (
         "mallory may not decide dispatch for campaign c1; allowed: ['wayne', 'lead']"
     )
-    assert refusal(asked, answer(), label=campaign.label) is None
+    assert refusal(asked, answer()) is None

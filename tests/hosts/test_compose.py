@@ -29,3 +29,18 @@ def test_one_worker_service_per_host_and_the_registry_mounted_everywhere() -> No
     for service in daedalus:
         target = service["environment"]["DAEDALUS_HOSTS_FILE"]
         assert any(str(volume).endswith(f":{target}:ro") for volume in service["volumes"]), service["command"]
+
+
+def test_every_temporal_client_mounts_the_client_certificates() -> None:
+    """Under mTLS every client of the frontend needs its certificate: the one-shot that registers the search
+    attributes and the UI as much as Daedalus's own services."""
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    clients = {
+        name
+        for name, service in services.items()
+        if {"TEMPORAL_ADDRESS", "DAEDALUS_TEMPORAL_ADDRESS"} & set(service.get("environment", {}))
+    }
+    assert {"temporal-search-attributes", "temporal-ui", "api", "control-worker"} <= clients
+    for name in clients:
+        volumes = [str(volume) for volume in services[name].get("volumes", [])]
+        assert any(volume.endswith(":/etc/daedalus/tls:ro") for volume in volumes), name

@@ -9,18 +9,24 @@ import re
 from pathlib import Path
 from typing import Any
 
+import yaml
 from sqlalchemy import Engine
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowHandle
+from typer.testing import CliRunner
 
 from daedalus import services as daedalus
+from daedalus.cli import app
+from daedalus.devserver import DevServer
 from daedalus.schemas import search_attributes as sa
-from daedalus.schemas.ticket import CancelRequest, Decision, TicketStatus
+from daedalus.schemas.ticket import CancelRequest, Decision, DecisionKind, Delegation, TicketStatus
 from daedalus.schemas.ui import start_summary
+from daedalus.services.training import start_run
 from tests.support import make_engine_repo, running_workers, ticket_spec
 from tests.ticket_helpers import host_of, pending
 from tests.workflows.test_ticket_replay import replayer
+from tests.workflows.test_training import ROOT, make_spec
 
 
 async def listed(client: Client, query: str, expected: set[str], timeout: float = 30) -> set[str]:
@@ -110,6 +116,71 @@ async def test_saved_views_find_who_a_ticket_waits_for_and_how_it_ended(
     assert f"attempt 1: scripted on {host}" in summaries
     assert f"build attempt 1 on {host}" in summaries
     assert "gate decode: decode_tps >= 55 (attempt 1, round 1)" in summaries
+
+
+async def test_a_run_time_delegate_shows_in_the_waiting_for_view(
+    temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
+) -> None:
+    host = host_of(task_queue)
+    approval = {"dispatch_requires_approval": True, "deciders": ["wayne"]}
+    spec = ticket_spec(make_engine_repo(tmp_path / "repo"), host, approval=approval)
+    lead_waits = f'DaedalusHost = "{host}" AND DaedalusWaitingFor = "lead"'
+    async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
+        handle = await daedalus.file_ticket(temporal_client, spec, queue=task_queue)
+        await pending(handle)
+        assert await listed(temporal_client, lead_waits, set(), timeout=1) == set()
+        await daedalus.delegate(
+            temporal_client,
+            spec.id,
+            Delegation(granted_by="wayne", delegate="lead", kind=DecisionKind.DISPATCH),
+        )
+        assert await listed(temporal_client, lead_waits, {handle.id}) == {handle.id}
+        shown = (await handle.describe()).typed_search_attributes
+        assert shown.get(sa.WAITING_FOR) == ["wayne", "lead"]
+        assert "waiting for wayne, lead" in await current_details(handle)
+        await daedalus.cancel(
+            temporal_client, spec.id, CancelRequest(requested_by="lead", reason="test over")
+        )
+        assert (await handle.result()).status is TicketStatus.CANCELLED
+    await replayer().replay_workflow(await handle.fetch_history())
+
+
+async def test_training_runs_and_campaigns_start_with_their_host_and_a_summary(
+    temporal_client: Client, temporal_server: DevServer, tmp_path: Path, task_queue: str
+) -> None:
+    """No worker is needed: both are set on the start request, before the workflow runs."""
+    host = host_of(task_queue)
+    run = make_spec(tmp_path, host=host)
+    started = await start_run(temporal_client, run, queue=task_queue)
+    campaign = yaml.safe_load((ROOT / "examples" / "campaigns" / "local-wall.yaml").read_text())
+    campaign.update(id=f"wall-{task_queue[-8:]}", host=host)
+    (tmp_path / "campaign.yaml").write_text(yaml.safe_dump(campaign))
+    (tmp_path / "hosts.yaml").write_text(yaml.safe_dump({"hosts": [{"name": host}]}))
+    env = {
+        "DAEDALUS_HOSTS_FILE": str(tmp_path / "hosts.yaml"),
+        "DAEDALUS_TEMPORAL_ADDRESS": temporal_server.address,
+        "DAEDALUS_HOME": str(tmp_path / "home"),
+        "DAEDALUS_CONTROL_QUEUE": task_queue,
+    }
+    start_campaign = ["campaign", "start", "-f", str(tmp_path / "campaign.yaml")]
+    result = await asyncio.to_thread(
+        CliRunner().invoke, app, start_campaign, env=env
+    )  # the CLI runs its own loop
+    assert result.exit_code == 0, result.output
+    filed = temporal_client.get_workflow_handle(f"campaign-{campaign['id']}")
+    try:
+        for handle, summary in (
+            (started, f"training run {run.name} on {host}: {' '.join(run.command)}"),
+            (filed, f"campaign {campaign['id']}: {campaign['title']} ({host})"),
+        ):
+            described = await handle.describe()
+            assert described.typed_search_attributes.get(sa.HOST) == host
+            assert await described.static_summary() == summary
+        on_host = {started.id, filed.id}
+        assert await listed(temporal_client, f'DaedalusHost = "{host}"', on_host) == on_host
+    finally:
+        await started.terminate("test over")
+        await filed.terminate("test over")
 
 
 async def test_the_readmes_saved_views_are_queries_the_server_accepts(temporal_client: Client) -> None:

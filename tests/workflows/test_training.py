@@ -34,6 +34,7 @@ from temporalio.worker import Replayer, Worker
 
 from daedalus.activities.training import TrainingActivities
 from daedalus.decisions.schemas import TrainingRunSubject
+from daedalus.schemas import search_attributes as sa
 from daedalus.schemas.audit import AuditKind
 from daedalus.schemas.ticket import (
     AgentName,
@@ -59,6 +60,7 @@ from daedalus.schemas.training import (
     TrainingRunStatus,
     WatchdogPolicy,
 )
+from daedalus.schemas.ui import start_summary
 from daedalus.slack.settings import SlackSettings
 from daedalus.store.queries import audit_events
 from daedalus.store.tables import AuditEventRow, DecisionRow, TicketRow
@@ -272,6 +274,9 @@ async def escalate_and_stop(
             async for w in temporal_client.list_workflows(f'WorkflowId STARTS_WITH "ticket-hunt-{spec.name}"')
         ]
         assert hunts == [f"ticket-{ticket_id}"]
+        described = await ticket_handle.describe()
+        assert await described.static_summary() == start_summary(ticket.spec)
+        assert described.typed_search_attributes.get(sa.TICKET_ID) == ticket_id
         with pytest.raises(RPCError, match="not found"):
             await temporal_client.get_workflow_handle(f"ticket-hunt-{spec.name}-2").describe()
 

@@ -15,6 +15,7 @@ from temporalio.client import Client
 
 from daedalus import services as tickets
 from daedalus.api.context import ApiContext, Context
+from daedalus.api.errors import within
 from daedalus.errors import BadButton, TicketError
 from daedalus.escaping import for_slack
 from daedalus.schemas.ticket import Decision
@@ -93,25 +94,26 @@ async def _decide_and_answer(
     context: ApiContext, decision: Decision, response_url: str, question: str
 ) -> None:
     """Runs after Slack got its 200: apply the decision, then replace the buttons or explain the refusal."""
+    timeout_s = context.settings.update_timeout_s
     try:
         client: Client = await context.client()
-        await asyncio.wait_for(
+        await within(
             tickets.decide(client, decision, store=context.engine, policy=context.policy),
-            context.settings.update_timeout_s,
+            timeout_s,
+            decision.request_id,
         )
     except TicketError as error:
         await _answer(response_url, f"Refused: {for_slack(error)}. Nothing was decided.", False)
         return
-    except HTTPException as error:  # Temporal unreachable
-        await _answer(response_url, f"Not applied: {for_slack(error.detail)}", False)
-        return
-    except TimeoutError:
-        await _answer(
-            response_url,
-            f"No answer from ticket {decision.request_id} within {context.settings.update_timeout_s:g}s; "
-            f"it may still apply. Check with `daedalus ticket show`.",
-            False,
-        )
+    except HTTPException as error:
+        if error.status_code == status.HTTP_504_GATEWAY_TIMEOUT:  # `within` gave up waiting on the ticket
+            text = (
+                f"No answer from ticket {decision.request_id} within {timeout_s:g}s; "
+                f"it may still apply. Check with `daedalus ticket show`."
+            )
+        else:  # Temporal unreachable
+            text = f"Not applied: {for_slack(error.detail)}"
+        await _answer(response_url, text, False)
         return
     log.info(
         "slack decision applied", request=decision.request_id, by=decision.decided_by, option=decision.option

@@ -14,7 +14,9 @@ from temporalio.service import RPCError
 
 from daedalus.cli import _common
 from daedalus.cli._common import client, console, fail, run
+from daedalus.schemas import search_attributes
 from daedalus.schemas.campaigns import CampaignInput, CampaignStatus, campaign_workflow_id
+from daedalus.schemas.ui import campaign_summary
 from daedalus.workflows.campaign import CampaignWorkflow
 
 app = typer.Typer(
@@ -57,6 +59,8 @@ def start(
             task_queue=settings.temporal.control_queue,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
             id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+            search_attributes=search_attributes.on_host(spec.host),
+            static_summary=campaign_summary(spec),
         )
         return handle.id
 

@@ -19,14 +19,9 @@ class AuthorityPolicy(Protocol):
 
 
 def refusal(
-    request: DecisionRequest,
-    decision: Decision,
-    policy: AuthorityPolicy | None = None,
-    *,
-    label: str | None = None,
+    request: DecisionRequest, decision: Decision, policy: AuthorityPolicy | None = None
 ) -> str | None:
-    """Why `decision` cannot answer `request` (the message the caller sees), or None when it can. `label`
-    names the subject for a request made without one."""
+    """Why `decision` cannot answer `request` (the message the caller sees), or None when it can."""
     if decision.request_id != request.id:
         return f"unknown decision request {decision.request_id!r}; the pending one is {request.id!r}"
     if decision.option not in request.options:
@@ -34,12 +29,12 @@ def refusal(
     allowed = request.allowed
     if decision.decided_by.lower() in request.excluded:
         return (
-            f"{decision.decided_by} filed {label or request.subject_label} and may not decide its "
+            f"{decision.decided_by} filed {request.subject_label} and may not decide its "
             f"{request.kind.value}; ask someone else with authority: {allowed}"
         )
     if decision.decided_by.lower() not in allowed:
         return (
-            f"{decision.decided_by} may not decide {request.kind.value} for {label or request.subject_label}; "
+            f"{decision.decided_by} may not decide {request.kind.value} for {request.subject_label}; "
             f"allowed: {allowed}"
         )
     return policy(request, decision) if policy is not None else None

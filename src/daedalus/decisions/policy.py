@@ -192,7 +192,7 @@ def resolve_ticket(policy: Policy, spec: TicketSpec, filer: str) -> tuple[Ticket
     the dispatch rule of its tree; a NotAllowed when the filer may not file it as written."""
     filer = filer.lower()
     _require_filer(policy, filer, "file tickets")
-    tree = _descendants(spec)
+    tree = spec.tree()
     operator = all(policy.operates(filer, ticket.host) for ticket in tree)
     for ticket in tree:
         _refuse_loosening(policy, ticket.approval, filer, operator, f"ticket {ticket.id}", ticket.host)
@@ -228,10 +228,6 @@ def resolve_training(
     _require_someone_else(policy, approval, starter, f"training run {spec.name}")
     reason = f"{starter} does not operate {spec.host}: a dispatch decision by someone else is required"
     return resolved, DispatchRule(required=True, excluded=[starter], commands=commands, reason=reason)
-
-
-def _descendants(spec: TicketSpec) -> list[TicketSpec]:
-    return [spec, *(d for child in spec.children for d in _descendants(child))]
 
 
 def _require_filer(policy: Policy, person: str, action: str) -> None:

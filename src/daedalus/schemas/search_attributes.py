@@ -69,3 +69,9 @@ def at_start(spec: TicketSpec) -> TypedSearchAttributes:
     return TypedSearchAttributes(
         [SearchAttributePair(key, value) for key, value in ticket_identity(spec).items()]
     )
+
+
+def on_host(host: str) -> TypedSearchAttributes:
+    """A training run's or a campaign's attributes at start: only its host (`DaedalusHost = "gpu-1"` lists
+    everything on the host); neither upserts a status of its own."""
+    return TypedSearchAttributes([SearchAttributePair(HOST, host)])

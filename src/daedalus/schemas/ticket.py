@@ -184,6 +184,10 @@ class TicketSpec(SpecModel):
             )
         return self
 
+    def tree(self) -> list[TicketSpec]:
+        """The ticket and all its sub-tickets, depth first."""
+        return [self, *(d for child in self.children for d in child.tree())]
+
     def with_parent(self) -> list[TicketSpec]:
         """Children with `parent` filled in."""
         return [c.model_copy(update={"parent": self.id}) for c in self.children]

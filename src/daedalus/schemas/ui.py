@@ -1,14 +1,21 @@
 """Pure helpers for what the Temporal UI shows of a ticket: who it waits for as a KeywordList, the closed
 outcome in words, and short summaries for the workflow list and the timeline. Safe inside workflows.
 
-They are the pieces the ticket workflow needs for the search attributes `DaedalusAwaiting` (KeywordList, so
-`DaedalusAwaiting = "wayne"` matches a ticket waiting for "wayne" and "lead"), `DaedalusOutcome`, and for
-`workflow.set_current_details` / activity `summary=` (Temporal UI 2.x shows both).
+They are the pieces the ticket workflow needs for the search attributes `DaedalusWaitingFor` (KeywordList, so
+`DaedalusWaitingFor = "wayne"` matches a ticket waiting for "wayne" and "lead"), `DaedalusOutcome`, and for
+`workflow.set_current_details` / activity `summary=` (Temporal UI 2.x shows both); and the static summaries of
+tickets, training runs and campaigns.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from daedalus.schemas.ticket import TicketSpec, TicketStatus
+
+if TYPE_CHECKING:
+    from daedalus.schemas.campaigns import CampaignSpec
+    from daedalus.schemas.training import TrainingRunSpec
 
 SUMMARY_LIMIT = 200  # Temporal truncates long summaries in the list; keep them readable there
 
@@ -18,6 +25,7 @@ OUTCOMES: dict[TicketStatus, str] = {
     TicketStatus.CANCELLED: "cancelled",
     TicketStatus.CLOSED_UNDER_EXCEPTION: "closed under exception",
     TicketStatus.STOPPED_BY_RULES: "stopped by the rules",
+    TicketStatus.TERMINATED: "terminated",  # closed by the service layer once its workflow was terminated
 }
 MARKS: dict[TicketStatus, str] = {
     TicketStatus.PASSED: "✅",
@@ -25,6 +33,7 @@ MARKS: dict[TicketStatus, str] = {
     TicketStatus.FAILED: "❌",
     TicketStatus.STOPPED_BY_RULES: "⛔",
     TicketStatus.CANCELLED: "🚫",
+    TicketStatus.TERMINATED: "🛑",
 }
 
 
@@ -53,19 +62,6 @@ def outcome_label(status: TicketStatus | str) -> str | None:
 def _clip(text: str) -> str:
     text = " ".join(text.split())
     return text if len(text) <= SUMMARY_LIMIT else text[: SUMMARY_LIMIT - 1] + "…"
-
-
-def ticket_summary(
-    ticket_id: str, title: str, status: TicketStatus | str, awaiting: str | list[str] | None
-) -> str:
-    """One line for the workflow list: "✅ 4 MTP align tax fix — passed", "6e ... — awaiting decision: wayne"."""
-    state = TicketStatus(status)
-    outcome = outcome_label(state)
-    if outcome is not None:
-        return _clip(f"{MARKS[state]} {ticket_id} {title} — {outcome}")
-    people = awaiting_people(awaiting)
-    waiting = f": {', '.join(people)}" if people else ""
-    return _clip(f"{ticket_id} {title} — {state.value.replace('_', ' ')}{waiting}")
 
 
 def current_details(
@@ -100,6 +96,16 @@ def gate_activity_summary(gate: str, rule: str, *, attempt: int, round: int = 1)
 def start_summary(spec: TicketSpec) -> str:
     """The workflow's static summary, fixed at start (the list's Summary column): which ticket, on which host."""
     return _clip(f"ticket {spec.id}: {spec.title} ({spec.host})")
+
+
+def training_summary(spec: TrainingRunSpec) -> str:
+    """A training run's static summary: its name, host and command."""
+    return _clip(f"training run {spec.name} on {spec.host}: {' '.join(spec.command)}")
+
+
+def campaign_summary(spec: CampaignSpec) -> str:
+    """A campaign's static summary: which campaign, on which host."""
+    return _clip(f"campaign {spec.id}: {spec.title} ({spec.host})")
 
 
 def start_details(spec: TicketSpec) -> str:

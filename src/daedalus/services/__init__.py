@@ -8,7 +8,6 @@ from daedalus.services.decisions import decide as decide
 from daedalus.services.tickets import amend as amend
 from daedalus.services.tickets import cancel as cancel
 from daedalus.services.tickets import delegate as delegate
-from daedalus.services.tickets import descendants as descendants
 from daedalus.services.tickets import explain as explain
 from daedalus.services.tickets import file_ticket as file_ticket
 from daedalus.services.tickets import load_spec as load_spec

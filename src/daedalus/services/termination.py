@@ -107,13 +107,7 @@ def _spec(row: TicketRow | None) -> TicketSpec | None:
 
 def _children(row: TicketRow | None) -> list[str]:
     spec = _spec(row)
-    if spec is None:
-        return []
-
-    def ids(ticket: TicketSpec) -> list[str]:
-        return [d for child in ticket.children for d in (child.id, *ids(child))]
-
-    return ids(spec)
+    return [] if spec is None else [ticket.id for ticket in spec.tree()[1:]]
 
 
 def _close_trail(

@@ -58,14 +58,9 @@ def parse_spec(data: Any, source: str = "spec") -> TicketSpec:
     return spec
 
 
-def descendants(spec: TicketSpec) -> list[TicketSpec]:
-    """The ticket and all its sub-tickets, depth first."""
-    return [spec, *(d for child in spec.children for d in descendants(child))]
-
-
 def require_workable(spec: TicketSpec, source: str = "spec") -> None:
     """Rules checked when a ticket is filed (not in the schema, so that stored histories still load)."""
-    tickets = descendants(spec)
+    tickets = spec.tree()
     ids = [t.id for t in tickets]
     repeated = sorted({i for i in ids if ids.count(i) > 1})
     if repeated:
@@ -180,7 +175,7 @@ async def file_ticket(
 
 async def _refuse_live_children(client: Client, spec: TicketSpec) -> None:
     """A sub-ticket whose id is live would make its parent fail when it gets to it, possibly days later."""
-    for child in descendants(spec)[1:]:
+    for child in spec.tree()[1:]:
         try:
             description = await client.get_workflow_handle(ticket_workflow_id(child.id)).describe()
         except RPCError as error:

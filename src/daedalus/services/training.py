@@ -18,7 +18,9 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from daedalus.decisions.policy import Policy, resolve_training
 from daedalus.ids import training_workflow_id
+from daedalus.schemas import search_attributes
 from daedalus.schemas.training import StopTraining, TrainingRunInput, TrainingRunSpec, TrainingRunStatus
+from daedalus.schemas.ui import training_summary
 from daedalus.services._temporal import TicketError, update
 from daedalus.workflows.training import TrainingRunWorkflow
 
@@ -83,6 +85,8 @@ async def start_run(
             task_queue=queue,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
             id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+            search_attributes=search_attributes.on_host(spec.host),
+            static_summary=training_summary(spec),
         )
     except WorkflowAlreadyStartedError as error:
         raise TicketError(

@@ -105,8 +105,13 @@ class TicketWorkflow:
 
     @workflow.update
     async def delegate(self, delegation: Delegation) -> list[str]:
-        """A decider lets someone else decide one kind of decision on their behalf."""
-        return await self.desk.delegate(delegation)
+        """A decider lets someone else decide one kind of decision on their behalf; a pending request of that
+        kind names the delegate in `DaedalusWaitingFor` too (an upsert: a command older histories lack)."""
+        people = await self.desk.delegate(delegation)
+        pending = self.desk.pending
+        if pending is not None and workflow.patched("waiting-for-delegates"):
+            self.ui.show(self.spec, self.s.status, pending.question, waiting_for=pending.allowed)
+        return people
 
     @delegate.validator
     def _validate_delegate(self, delegation: Delegation) -> None:

@@ -78,11 +78,7 @@ def ticket_commands(spec: TicketSpec) -> list[str]:
 
 def tree_commands(spec: TicketSpec) -> list[str]:
     """What a ticket and all its sub-tickets will run."""
-    return [line for ticket in _tree(spec) for line in ticket_commands(ticket)]
-
-
-def _tree(spec: TicketSpec) -> list[TicketSpec]:
-    return [spec, *(d for child in spec.children for d in _tree(child))]
+    return [line for ticket in spec.tree() for line in ticket_commands(ticket)]
 
 
 def why_stop(spec: TicketSpec, attempts: list[AttemptSummary], budget: Granted) -> str | None:

@@ -38,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from daedalus.errors import TrainingInputError
     from daedalus.ids import host_queue, ticket_workflow_id
+    from daedalus.schemas import search_attributes as sa
     from daedalus.schemas.audit import AuditKind, TrailState
     from daedalus.schemas.ticket import AgentSpec, TicketInput, TicketKind, TicketSpec
     from daedalus.schemas.training import (
@@ -54,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
         TrainingRunSpec,
         TrainingRunStatus,
     )
+    from daedalus.schemas.ui import start_details, start_summary
     from daedalus.workflows.steps import StepFailed, Steps, history_is_long
     from daedalus.workflows.trail import AuditTrail
 
@@ -503,6 +505,9 @@ class TrainingRunWorkflow:
                 id=ticket_workflow_id(ticket_id),
                 parent_close_policy=workflow.ParentClosePolicy.ABANDON,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                search_attributes=sa.at_start(spec),
+                static_summary=start_summary(spec),
+                static_details=start_details(spec),
             )
         except WorkflowAlreadyStartedError:
             workflow.logger.info("hunting ticket %s is already open", ticket_id)
