@@ -141,6 +141,13 @@ class Policy(SpecModel):
             return None
         if who in self.delegates_of(request.deciders, request.kind):
             return None
+        if request.kind is DecisionKind.DISPATCH:
+            # What runs on a host is the policy's to say: a delegation made at run time (by whoever could
+            # reach the `delegate` update) never makes someone an approver of a dispatch.
+            return (
+                f"the server's policy gives {decision.decided_by} no authority over dispatch decisions (not a "
+                f"decider in the policy, and no standing delegate of this request's deciders)"
+            )
         if who in request.delegates and who in self.people:
             return None  # delegated on this subject by one of its deciders
         return (
