@@ -110,10 +110,14 @@ async def test_the_filer_cannot_approve_their_own_dispatch_and_the_lead_approves
             await daedalus.decide(temporal_client, own, store=sqlite_engine)
         # Nor may he hand it to someone else: the delegation is refused before anything is written.
         handover = Delegation(granted_by="wayne", delegate="bob")
-        with pytest.raises(TicketError, match="wayne filed ticket .* cannot delegate it either"):
+        with pytest.raises(TicketError, match=r"wayne filed ticket .* cannot delegate it either"):
             await daedalus.delegate(temporal_client, spec.id, handover)
         still = (await daedalus.status(temporal_client, spec.id)).pending_decision
-        assert still is not None and still.delegates == ["lead"] and "delegated" not in kinds(events(sqlite_engine, spec.id))
+        assert (
+            still is not None
+            and still.delegates == ["lead"]
+            and "delegated" not in kinds(events(sqlite_engine, spec.id))
+        )
         await daedalus.decide(
             temporal_client,
             Decision(request_id=request.id, option="approve", decided_by="lead", channel="bot"),
