@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
+from sqlmodel import Session
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -19,6 +20,7 @@ from daedalus.schemas.audit import AuditKind
 from daedalus.schemas.ticket import Decision, DecisionKind, TicketSpec, TicketStatus
 from daedalus.schemas.training import RunState, StopTraining
 from daedalus.services import TicketError
+from daedalus.store.tables import DecisionRow
 from daedalus.slack.settings import SlackSettings
 from daedalus.workflows.training import TrainingRunWorkflow
 from tests.support import gate_command, make_engine_repo, running_workers, ticket_spec
@@ -100,6 +102,9 @@ async def test_the_filer_cannot_approve_their_own_dispatch_and_the_lead_approves
         )
         _, request = await pending(handle)
         assert request.deciders == ["wayne"] and request.delegates == ["lead"] and request.allowed == ["lead"]
+        with Session(sqlite_engine) as session:
+            row = session.get(DecisionRow, request.id)
+        assert row is not None and row.deciders == ["lead"]  # the store lists who may answer, not the filer
         assert any("scripted agent applies a" in line for line in request.evidence)
         assert any(line.endswith("build: test -f speed.txt") for line in request.evidence)
         own = Decision(request_id=request.id, option="approve", decided_by="wayne")
@@ -178,8 +183,15 @@ async def test_a_training_run_waits_for_a_dispatch_unless_its_starter_operates_t
             await daedalus.decide(temporal_client, own, subject=subject, policy=policy)
         approve = Decision(request_id=request.id, option="approve", decided_by="wayne")
         await daedalus.decide(temporal_client, approve, subject=subject, policy=policy)
-        await until(handle, lambda s: s.state is RunState.RUNNING and s.trainer_pid is not None)
-        await daedalus.stop_run(temporal_client, spec.name, StopTraining(requested_by="wayne"))
+        running = await until(handle, lambda s: s.state is RunState.RUNNING and s.trainer_pid is not None)
+        assert running.started_by == "bob"
+        # Neither its starter, a decider nor an operator of the host: refused before the workflow hears of it.
+        with pytest.raises(NotAllowed, match=r"lead may not stop training run .* only its starter \(bob\)"):
+            await daedalus.stop_run(
+                temporal_client, spec.name, StopTraining(requested_by="lead"), policy=policy
+            )
+        assert (await handle.query(TrainingRunWorkflow.status)).state is RunState.RUNNING
+        await daedalus.stop_run(temporal_client, spec.name, StopTraining(requested_by="bob"), policy=policy)
         assert (await within(handle.result())).state is RunState.STOPPED
         await replay(handle, record_as=None)
         # The host's operator starts the same run again: no decision, it runs at once.
@@ -188,13 +200,13 @@ async def test_a_training_run_waits_for_a_dispatch_unless_its_starter_operates_t
         )
         await until(again, lambda s: s.state is RunState.RUNNING and s.trainer_pid is not None)
         assert (await again.query(TrainingRunWorkflow.status)).pending_decision is None
-        await daedalus.stop_run(temporal_client, spec.name, StopTraining(requested_by="olga"))
+        await daedalus.stop_run(temporal_client, spec.name, StopTraining(requested_by="olga"), policy=policy)
         await within(again.result())
     first = [e for e in events(sqlite_engine, spec.workflow_id) if e.run_id == handle.first_execution_run_id]
-    assert [e.kind for e in first][:3] == [
-        AuditKind.DECISION_REQUESTED,
-        AuditKind.DECIDED,
-        AuditKind.TRAINING,
+    assert [(e.kind, e.actor) for e in first][:3] == [
+        (AuditKind.DECISION_REQUESTED, "daedalus"),
+        (AuditKind.DECIDED, "wayne"),
+        (AuditKind.TRAINING, "bob"),  # started by its starter
     ]
 
 

@@ -123,6 +123,10 @@ class Policy(SpecModel):
     def may_terminate(self, person: str, host: str) -> bool:
         return self.has_role(person, Role.DECIDER) or self.operates(person, host)
 
+    def may_stop(self, person: str, host: str, started_by: str) -> bool:
+        """A training run: its starter may stop it, as may anyone who may terminate things on its host."""
+        return person.lower() == started_by.lower() or self.may_terminate(person, host)
+
     def require_hosts(self, hosts: Registry) -> None:
         """Every host the policy names is in the host registry."""
         unknown = sorted(set(self.hosts) - set(hosts.names))

@@ -94,6 +94,7 @@ class TrainingRunWorkflow:
     @workflow.init
     def __init__(self, inp: TrainingRunInput) -> None:
         self.spec: TrainingRunSpec = inp.spec
+        self.started_by = inp.started_by
         self.c = inp.carry
         self.segment: workflow.ActivityHandle[SegmentReport] | None = None
         c = self.c  # a carry written before the desk and the trail keeps their state in its own fields
@@ -146,6 +147,7 @@ class TrainingRunWorkflow:
             host_report=self.c.host_report,
             continued=self.c.continued,
             audit_seq=self.trail.written_seq,
+            started_by=self.started_by,
         )
 
     @workflow.update
@@ -272,7 +274,7 @@ class TrainingRunWorkflow:
             }
         )
         # No dispatch rule: the run was dispatched (or needed no decision) before its first incarnation.
-        workflow.continue_as_new(TrainingRunInput(spec=self.spec, carry=carry))
+        workflow.continue_as_new(TrainingRunInput(spec=self.spec, carry=carry, started_by=self.started_by))
 
     def _set(self, **changes: object) -> None:
         self.c = self.c.model_copy(update=changes)
@@ -290,6 +292,7 @@ class TrainingRunWorkflow:
             AuditKind.TRAINING,
             f"{verb} incarnation {self.c.incarnation} on {self.spec.host}"
             + (f", resuming from {resume}" if resume else ""),
+            actor=self.started_by if verb == "started" else "daedalus",
             detail=detail,
         )
 
