@@ -220,7 +220,9 @@ def test_a_run_time_delegate_may_answer_an_escalation_but_never_approve_a_dispat
             delegates=["bob"],
             requested_at="2026-12-01T00:00:00Z",
         )
-        return refusal(request, Decision(request_id=request.id, option=options[0], decided_by="bob"), policy())
+        return refusal(
+            request, Decision(request_id=request.id, option=options[0], decided_by="bob"), policy()
+        )
 
     assert "gives bob no authority over dispatch decisions" in (
         answer(DecisionKind.DISPATCH, [o.value for o in DispatchOption]) or ""

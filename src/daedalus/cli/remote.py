@@ -62,6 +62,15 @@ def _detail(response: httpx.Response) -> str:
     return str(detail) if detail else f"HTTP {response.status_code}: {response.text[:500]}"
 
 
+def local_person(who: str | None, flag: str = "--as") -> str:
+    """The local stack trusts the local user's word for who acts, but wants it said."""
+    if who is None:
+        fail(
+            f"say who acts with {flag} <person> (or set DAEDALUS_API_URL and DAEDALUS_API_TOKEN for a shared stack)"
+        )
+    return who
+
+
 def shared_stack() -> Remote | None:
     """The shared stack's API when DAEDALUS_API_URL is set; None for the local, embedded stack."""
     api = settings().api

@@ -111,7 +111,11 @@ class DecisionDesk:
                 f"deciders: {self._deciders()}"
             )
         pending = self.state.pending
-        if pending is not None and pending.kind is delegation.kind and delegation.granted_by in pending.excluded:
+        if (
+            pending is not None
+            and pending.kind is delegation.kind
+            and delegation.granted_by in pending.excluded
+        ):
             raise ValueError(
                 f"{delegation.granted_by} filed {self.subject.label} and may not decide its "
                 f"{delegation.kind.value}, so cannot delegate it either; ask someone else with authority: "

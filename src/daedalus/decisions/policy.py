@@ -249,8 +249,9 @@ def _require_filer(policy: Policy, person: str, action: str) -> None:
     if not (policy.has_role(person, Role.FILER) or policy.has_role(person, Role.LEAD)):
         known = "has no `filer` or `lead` role" if person in policy.people else "is not in the policy"
         raise NotAllowed(
-            f"{person} may not {action}: {person} {known}; ask an administrator to add them to policy.yaml "
-            f"(people.{person}.roles: [filer])"
+            f"{person} may not {action}: {person} {known}; if you are not {person}, say who you are with "
+            f"--as <you>; else ask an administrator to add {person} to policy.yaml (people.{person}.roles: "
+            f"[filer])"
         )
 
 
