@@ -17,11 +17,12 @@ from daedalus.decisions.policy import Policy
 from daedalus.decisions.schemas import Delegation, TrainingRunSubject
 from daedalus.errors import NotAllowed
 from daedalus.schemas.audit import AuditKind
-from daedalus.schemas.ticket import Decision, DecisionKind, TicketSpec, TicketStatus
-from daedalus.schemas.training import RunState, StopTraining
+from daedalus.schemas.ticket import Decision, DecisionKind, EngineKind, EngineRef, TicketSpec, TicketStatus
+from daedalus.schemas.training import HuntPolicy, RestartPolicy, RunState, StopTraining
 from daedalus.services import TicketError
-from daedalus.store.tables import DecisionRow
 from daedalus.slack.settings import SlackSettings
+from daedalus.store.tables import DecisionRow
+from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
 from tests.support import gate_command, make_engine_repo, running_workers, ticket_spec
 from tests.ticket_helpers import events, host_of, kinds, pending
@@ -229,3 +230,38 @@ async def test_a_rejected_training_dispatch_never_starts_the_trainer(
     assert final.state is RunState.STOPPED and final.trainer_pid is None and not trainers(spec)
     closed = audit_trail(sqlite_engine, spec)[-1]
     assert closed.kind == AuditKind.CLOSED and closed.summary == "stopped by lead: dispatch rejected"
+
+
+async def test_a_hunting_ticket_follows_its_runs_dispatch_rule_and_its_starter_cannot_approve_it(
+    temporal_client: Client, task_queue: str, tmp_path: Path, sqlite_engine: Engine
+) -> None:
+    hunt = HuntPolicy(engine=EngineRef(name="trainer", kind=EngineKind.VLLM, repo=str(tmp_path)))
+    escalate_at_once = RestartPolicy(restart_delay_s=0.2, escalate_after_deaths=1)
+    spec = make_spec(tmp_path, "--mib-per-step", "8", "--step-s", "0.05", hunt=hunt, restart=escalate_at_once)
+    policy = policy_for(spec.host)
+    async with workers(temporal_client, task_queue, spec, tmp_path, sqlite_engine, slack=SlackSettings()):
+        handle = await daedalus.start_run(
+            temporal_client, spec, queue=task_queue, started_by="bob", policy=policy
+        )
+        status = await until(handle, lambda s: s.pending_decision is not None)
+        assert status.pending_decision is not None
+        approve = Decision(request_id=status.pending_decision.id, option="approve", decided_by="wayne")
+        subject = TrainingRunSubject(run=spec.name)
+        await daedalus.decide(temporal_client, approve, subject=subject, policy=policy)
+        status = await until(handle, lambda s: s.hunting_tickets != [] and s.pending_decision is not None)
+        [ticket_id] = status.hunting_tickets
+        ticket = temporal_client.get_workflow_handle_for(TicketWorkflow.run, f"ticket-{ticket_id}")
+        try:
+            _, request = await pending(ticket)
+            assert request.kind is DecisionKind.DISPATCH and request.excluded == ["bob"]
+            assert "bob" not in request.allowed and "wayne" in request.allowed
+            assert any(
+                line.startswith(f"runs ticket {ticket_id} on {spec.host}") for line in request.evidence
+            )
+            own = Decision(request_id=request.id, option="approve", decided_by="bob")
+            with pytest.raises(NotAllowed, match=rf"bob filed ticket {ticket_id} and may not decide"):
+                await daedalus.decide(temporal_client, own, store=sqlite_engine, policy=policy)
+        finally:
+            await ticket.terminate("test over")
+        await daedalus.stop_run(temporal_client, spec.name, StopTraining(requested_by="wayne"), policy=policy)
+        await within(handle.result())
