@@ -18,7 +18,7 @@ from daedalus.decisions.policy import Policy
 from daedalus.slack.settings import SlackSettings
 from daedalus.store import chain
 from daedalus.store.database import session_scope
-from tests.api.conftest import TOKENS, as_
+from tests.api.conftest import as_, install_tokens
 from tests.support import gate_command, make_engine_repo, running_workers, ticket_spec
 from tests.ticket_helpers import events, host_of
 
@@ -41,11 +41,12 @@ def policy_for(host: str) -> Policy:
 async def policed(
     temporal_client: Client, store_engine: Engine, task_queue: str
 ) -> AsyncIterator[httpx.AsyncClient]:
+    install_tokens(store_engine)
     app = create_app(
         client=temporal_client,
         engine=store_engine,
         control_queue=task_queue,
-        settings=ApiSettings(tokens=TOKENS, update_timeout_s=10),
+        settings=ApiSettings(update_timeout_s=10),
         slack=SlackSettings(),
         policy=policy_for(host_of(task_queue)),
     )
