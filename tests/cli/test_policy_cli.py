@@ -16,6 +16,7 @@ import yaml
 from daedalus.devserver import DevServer
 from tests.cli.test_ticket_cli import DAEDALUS, daedalus, wait_for_output, write_spec
 from tests.support import gate_command
+from tests.workflows.test_training import make_spec
 
 GATES = [{"name": "decode", "metric": "decode_tps", "threshold": 20, "command": gate_command()}]
 
@@ -114,8 +115,23 @@ def test_filing_under_the_policy_from_the_command_line(
         refused.stderr.split()
     )
     stranger = daedalus(policy_env, "ticket", "create", "-f", str(loose), "--as", "mallory")
-    assert stranger.returncode == 2 and "mallory is not in the policy" in " ".join(stranger.stderr.split())
+    said = " ".join(stranger.stderr.split())
+    assert stranger.returncode == 2 and "mallory is not in the policy" in said
+    assert "if you are not mallory, say who you are with --as <you>" in said
     # The host's operator may file the same spec: it measures at once and passes.
     operated = daedalus(policy_env, "ticket", "create", "-f", str(loose), "--as", "olga")
     assert operated.returncode == 0, operated.stderr
     wait_for_output(policy_env, ["ticket", "show", f"l{host[-8:]}"], "[passed]")
+
+
+def test_under_a_policy_filing_and_starting_need_a_name(policy_env: dict[str, str], tmp_path: Path) -> None:
+    """No unchecked default person (`cli`) under a policy: the command asks who acts, before anything starts."""
+    host = f"cli-{policy_env['DAEDALUS_CONTROL_QUEUE'][-8:]}"
+    spec = write_spec(tmp_path, host, f"n{host[-8:]}", agent=None, gates=GATES, approval={})
+    unnamed = daedalus(policy_env, "ticket", "create", "-f", str(spec))
+    assert unnamed.returncode == 2 and "say who acts with --as <person>" in unnamed.stderr, unnamed.stderr
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text(yaml.safe_dump(make_spec(tmp_path, host=host).model_dump(mode="json")))
+    for command in (["train", "start", "-f", str(run_file)], ["train", "stop", "r1"]):
+        refused = daedalus(policy_env, *command)
+        assert refused.returncode == 2 and "say who acts with --" in refused.stderr, (command, refused.stderr)

@@ -1,4 +1,4 @@
-"""The CLI against a shared stack: every ticket command through `daedalus api serve` (uvicorn) with a token.
+"""The CLI against a shared stack: every ticket and training command through `daedalus api serve` (uvicorn) with a token.
 
 The remote CLI gets an unreachable Temporal address and an empty home, so a command that bypassed the API
 (straight to Temporal or the store) would fail instead of passing unnoticed.
@@ -7,6 +7,7 @@ The remote CLI gets an unreachable Temporal address and an empty home, so a comm
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import subprocess
 import time
@@ -15,9 +16,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from daedalus.ports import free_port
 from tests.cli.test_ticket_cli import DAEDALUS, daedalus, wait_for_output, write_spec
+from tests.cli.test_training_cli import SEP, status_until
+from tests.workflows.test_training import make_spec, trainers
 
 
 def create_token(env: dict[str, str], person: str) -> str:
@@ -136,3 +140,29 @@ def test_the_local_stack_trusts_the_local_user_but_wants_a_name(cli_env: dict[st
     old_map = {**cli_env, "DAEDALUS_API_TOKENS": '{"s3cret": "wayne"}'}
     answer = daedalus(old_map, "ticket", "list")
     assert answer.returncode == 2 and "daedalus token create --person <person>" in answer.stderr
+
+
+def test_train_start_status_stop_through_the_api_as_the_tokens_person(
+    cli_env: dict[str, str], workers: str, api_url: str, tmp_path: Path
+) -> None:
+    as_wayne = remote(cli_env, tmp_path, api_url, create_token(cli_env, "wayne"))
+    spec = make_spec(tmp_path, "--step-s", "0.05", host=workers)
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_defaults=True)))
+    try:
+        posing = daedalus(as_wayne, "train", "start", "-f", str(run_file), "--as", "mallory")
+        assert posing.returncode == 2 and "belongs to wayne" in posing.stderr
+        started = daedalus(as_wayne, "train", "start", "-f", str(run_file))
+        assert started.returncode == 0, started.stderr
+        assert f"started training-{spec.name} on host {workers} as wayne" in started.stdout
+        running = status_until(as_wayne, spec.name, rf"trainer pid{SEP}\d+")
+        assert re.search(rf"state{SEP}running", running)
+        stopped = daedalus(as_wayne, "train", "stop", spec.name, "--reason", "api test")
+        assert stopped.returncode == 0, stopped.stderr
+        status_until(as_wayne, spec.name, rf"state{SEP}stopped")
+        audit = daedalus(as_wayne, "audit", "--ticket", spec.workflow_id)
+        assert "stopped by wayne: api test" in " ".join(audit.stdout.split())
+        assert "started incarnation 1" in audit.stdout and "wayne" in audit.stdout
+    finally:
+        for trainer in trainers(spec):
+            trainer.kill()

@@ -203,3 +203,28 @@ def test_answering_checks_the_excluded_filer_and_the_policy_as_it_stands() -> No
     withdrawn = policy(people=people, delegations=[])
     decision = Decision(request_id=request.id, option="approve", decided_by="lead")
     assert "gives lead no authority over dispatch decisions" in (refusal(request, decision, withdrawn) or "")
+
+
+def test_a_run_time_delegate_may_answer_an_escalation_but_never_approve_a_dispatch() -> None:
+    """Whoever reached the `delegate` update cannot make someone an approver of what runs on a host: a dispatch
+    takes a decider of the policy or a standing delegate; an escalation may be delegated on the subject."""
+
+    def answer(kind: DecisionKind, options: list[str]) -> str | None:
+        request = DecisionRequest(
+            id=f"g1-{kind.value}-1",
+            ticket_id="g1",
+            kind=kind,
+            question="?",
+            options=options,
+            deciders=["wayne"],
+            delegates=["bob"],
+            requested_at="2026-12-01T00:00:00Z",
+        )
+        return refusal(
+            request, Decision(request_id=request.id, option=options[0], decided_by="bob"), policy()
+        )
+
+    assert "gives bob no authority over dispatch decisions" in (
+        answer(DecisionKind.DISPATCH, [o.value for o in DispatchOption]) or ""
+    )
+    assert answer(DecisionKind.ESCALATION, ["retry", "stop"]) is None

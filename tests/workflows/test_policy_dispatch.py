@@ -8,18 +8,21 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
+from sqlmodel import Session
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from daedalus import services as daedalus
 from daedalus.decisions.policy import Policy
-from daedalus.decisions.schemas import TrainingRunSubject
+from daedalus.decisions.schemas import Delegation, TrainingRunSubject
 from daedalus.errors import NotAllowed
 from daedalus.schemas.audit import AuditKind
-from daedalus.schemas.ticket import Decision, DecisionKind, TicketSpec, TicketStatus
-from daedalus.schemas.training import RunState, StopTraining
+from daedalus.schemas.ticket import Decision, DecisionKind, EngineKind, EngineRef, TicketSpec, TicketStatus
+from daedalus.schemas.training import HuntPolicy, RestartPolicy, RunState, StopTraining
 from daedalus.services import TicketError
 from daedalus.slack.settings import SlackSettings
+from daedalus.store.tables import DecisionRow
+from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
 from tests.support import gate_command, make_engine_repo, running_workers, ticket_spec
 from tests.ticket_helpers import events, host_of, kinds, pending
@@ -100,6 +103,9 @@ async def test_the_filer_cannot_approve_their_own_dispatch_and_the_lead_approves
         )
         _, request = await pending(handle)
         assert request.deciders == ["wayne"] and request.delegates == ["lead"] and request.allowed == ["lead"]
+        with Session(sqlite_engine) as session:
+            row = session.get(DecisionRow, request.id)
+        assert row is not None and row.deciders == ["lead"]  # the store lists who may answer, not the filer
         assert any("scripted agent applies a" in line for line in request.evidence)
         assert any(line.endswith("build: test -f speed.txt") for line in request.evidence)
         own = Decision(request_id=request.id, option="approve", decided_by="wayne")
@@ -108,6 +114,16 @@ async def test_the_filer_cannot_approve_their_own_dispatch_and_the_lead_approves
         # The workflow's own validator refuses it too, with no policy at hand.
         with pytest.raises(TicketError, match="may not decide its dispatch"):
             await daedalus.decide(temporal_client, own, store=sqlite_engine)
+        # Nor may he hand it to someone else: the delegation is refused before anything is written.
+        handover = Delegation(granted_by="wayne", delegate="bob")
+        with pytest.raises(TicketError, match=r"wayne filed ticket .* cannot delegate it either"):
+            await daedalus.delegate(temporal_client, spec.id, handover)
+        still = (await daedalus.status(temporal_client, spec.id)).pending_decision
+        assert (
+            still is not None
+            and still.delegates == ["lead"]
+            and "delegated" not in kinds(events(sqlite_engine, spec.id))
+        )
         await daedalus.decide(
             temporal_client,
             Decision(request_id=request.id, option="approve", decided_by="lead", channel="bot"),
@@ -168,8 +184,15 @@ async def test_a_training_run_waits_for_a_dispatch_unless_its_starter_operates_t
             await daedalus.decide(temporal_client, own, subject=subject, policy=policy)
         approve = Decision(request_id=request.id, option="approve", decided_by="wayne")
         await daedalus.decide(temporal_client, approve, subject=subject, policy=policy)
-        await until(handle, lambda s: s.state is RunState.RUNNING and s.trainer_pid is not None)
-        await daedalus.stop_run(temporal_client, spec.name, StopTraining(requested_by="wayne"))
+        running = await until(handle, lambda s: s.state is RunState.RUNNING and s.trainer_pid is not None)
+        assert running.started_by == "bob"
+        # Neither its starter, a decider nor an operator of the host: refused before the workflow hears of it.
+        with pytest.raises(NotAllowed, match=r"lead may not stop training run .* only its starter \(bob\)"):
+            await daedalus.stop_run(
+                temporal_client, spec.name, StopTraining(requested_by="lead"), policy=policy
+            )
+        assert (await handle.query(TrainingRunWorkflow.status)).state is RunState.RUNNING
+        await daedalus.stop_run(temporal_client, spec.name, StopTraining(requested_by="bob"), policy=policy)
         assert (await within(handle.result())).state is RunState.STOPPED
         await replay(handle, record_as=None)
         # The host's operator starts the same run again: no decision, it runs at once.
@@ -178,13 +201,13 @@ async def test_a_training_run_waits_for_a_dispatch_unless_its_starter_operates_t
         )
         await until(again, lambda s: s.state is RunState.RUNNING and s.trainer_pid is not None)
         assert (await again.query(TrainingRunWorkflow.status)).pending_decision is None
-        await daedalus.stop_run(temporal_client, spec.name, StopTraining(requested_by="olga"))
+        await daedalus.stop_run(temporal_client, spec.name, StopTraining(requested_by="olga"), policy=policy)
         await within(again.result())
     first = [e for e in events(sqlite_engine, spec.workflow_id) if e.run_id == handle.first_execution_run_id]
-    assert [e.kind for e in first][:3] == [
-        AuditKind.DECISION_REQUESTED,
-        AuditKind.DECIDED,
-        AuditKind.TRAINING,
+    assert [(e.kind, e.actor) for e in first][:3] == [
+        (AuditKind.DECISION_REQUESTED, "daedalus"),
+        (AuditKind.DECIDED, "wayne"),
+        (AuditKind.TRAINING, "bob"),  # started by its starter
     ]
 
 
@@ -207,3 +230,38 @@ async def test_a_rejected_training_dispatch_never_starts_the_trainer(
     assert final.state is RunState.STOPPED and final.trainer_pid is None and not trainers(spec)
     closed = audit_trail(sqlite_engine, spec)[-1]
     assert closed.kind == AuditKind.CLOSED and closed.summary == "stopped by lead: dispatch rejected"
+
+
+async def test_a_hunting_ticket_follows_its_runs_dispatch_rule_and_its_starter_cannot_approve_it(
+    temporal_client: Client, task_queue: str, tmp_path: Path, sqlite_engine: Engine
+) -> None:
+    hunt = HuntPolicy(engine=EngineRef(name="trainer", kind=EngineKind.VLLM, repo=str(tmp_path)))
+    escalate_at_once = RestartPolicy(restart_delay_s=0.2, escalate_after_deaths=1)
+    spec = make_spec(tmp_path, "--mib-per-step", "8", "--step-s", "0.05", hunt=hunt, restart=escalate_at_once)
+    policy = policy_for(spec.host)
+    async with workers(temporal_client, task_queue, spec, tmp_path, sqlite_engine, slack=SlackSettings()):
+        handle = await daedalus.start_run(
+            temporal_client, spec, queue=task_queue, started_by="bob", policy=policy
+        )
+        status = await until(handle, lambda s: s.pending_decision is not None)
+        assert status.pending_decision is not None
+        approve = Decision(request_id=status.pending_decision.id, option="approve", decided_by="wayne")
+        subject = TrainingRunSubject(run=spec.name)
+        await daedalus.decide(temporal_client, approve, subject=subject, policy=policy)
+        status = await until(handle, lambda s: s.hunting_tickets != [] and s.pending_decision is not None)
+        [ticket_id] = status.hunting_tickets
+        ticket = temporal_client.get_workflow_handle_for(TicketWorkflow.run, f"ticket-{ticket_id}")
+        try:
+            _, request = await pending(ticket)
+            assert request.kind is DecisionKind.DISPATCH and request.excluded == ["bob"]
+            assert "bob" not in request.allowed and "wayne" in request.allowed
+            assert any(
+                line.startswith(f"runs ticket {ticket_id} on {spec.host}") for line in request.evidence
+            )
+            own = Decision(request_id=request.id, option="approve", decided_by="bob")
+            with pytest.raises(NotAllowed, match=rf"bob filed ticket {ticket_id} and may not decide"):
+                await daedalus.decide(temporal_client, own, store=sqlite_engine, policy=policy)
+        finally:
+            await ticket.terminate("test over")
+        await daedalus.stop_run(temporal_client, spec.name, StopTraining(requested_by="wayne"), policy=policy)
+        await within(handle.result())

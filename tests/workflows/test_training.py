@@ -417,7 +417,7 @@ async def test_worker_killed_mid_run_reattaches_without_a_second_trainer(
         assert final.continued >= 1
         trail = audit_trail(sqlite_engine, spec)
         assert [(e.seq, e.kind, e.actor) for e in trail] == [
-            (1, AuditKind.TRAINING, "daedalus"),
+            (1, AuditKind.TRAINING, "cli"),  # the starter: TrainingRunInput.started_by's default
             (2, AuditKind.DEATH, "watchdog"),
             (3, AuditKind.CLOSED, "wayne"),
         ]

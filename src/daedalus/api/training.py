@@ -54,9 +54,11 @@ async def run_status(name: str, _: Caller, context: Context, client: TemporalCli
 async def stop_run(
     name: str, request: StopTraining, caller: Caller, context: Context, client: TemporalClient
 ) -> TrainingRunStatus:
-    """Stop a run gracefully (checkpoint signal, SIGTERM, SIGKILL); `requested_by` must be the caller."""
+    """Stop a run gracefully (checkpoint signal, SIGTERM, SIGKILL); `requested_by` must be the caller, and
+    under the policy its starter, a decider or an operator of its host."""
     require_same_person(caller, request.requested_by, "requested_by")
+    stopping = services.stop_run(client, name, request, policy=context.policy)
     try:
-        return await within(services.stop_run(client, name, request), context.settings.update_timeout_s, name)
+        return await within(stopping, context.settings.update_timeout_s, name)
     except services.TicketError as error:
         raise refusal(error) from error

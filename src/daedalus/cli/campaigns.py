@@ -27,22 +27,43 @@ app = typer.Typer(
 @app.command()
 def start(
     file: Annotated[Path, typer.Option("-f", "--file", help="campaign spec (YAML), see examples/campaigns/")],
-    as_: Annotated[str, typer.Option("--as", help="who files it")] = "lead",
+    as_: Annotated[
+        str | None, typer.Option("--as", help="who starts it; required under a policy (else `lead`)")
+    ] = None,
 ) -> None:
     """Start `campaign-<id>`; its cells run on the host's worker, one after another, each under a lease on
-    all the GPUs hosts.yaml declares for the host."""
+    all the GPUs hosts.yaml declares for the host. Under a policy, only an operator of the host may start one
+    (its cells run there without a dispatch decision)."""
     from daedalus.campaigns.spec import CampaignSpecError, load_campaign
     from daedalus.hosts.registry import RegistryError, load_registry
 
+    settings = _common.settings()
+    if settings.api.url is not None:
+        fail(
+            f"campaigns cannot be started through the shared stack's API at {settings.api.url} (it has no "
+            f"campaign route); ask an operator of the campaign's host to start it on the stack itself"
+        )
     try:
         spec = load_campaign(file)
     except CampaignSpecError as error:
         fail(str(error))
-    settings = _common.settings()
     try:
         host = load_registry(settings.hosts_file).host(spec.host)
     except RegistryError as error:
         fail(f"{file}: {error}")
+    policy = _common.policy()
+    if policy is None:
+        filed_by = as_ or "lead"
+    elif as_ is None:
+        fail(f"a policy is configured: say who starts campaign {spec.id} with --as <you>")
+    elif not policy.operates(as_, spec.host):
+        fail(
+            f"{as_} does not operate {spec.host} in the policy, and a campaign's cells run on it without a "
+            f"dispatch decision; ask an operator of {spec.host} to start it "
+            f"(operators: {policy.hosts[spec.host].operators if spec.host in policy.hosts else []})"
+        )
+    else:
+        filed_by = as_.lower()
 
     async def go() -> str:
         handle: WorkflowHandle[CampaignWorkflow, CampaignStatus] = await (
@@ -52,7 +73,7 @@ def start(
             CampaignInput(
                 spec=spec,
                 control_queue=settings.temporal.control_queue,
-                filed_by=as_,
+                filed_by=filed_by,
                 host_gpus=host.gpus.count,
             ),
             id=campaign_workflow_id(spec.id),

@@ -1,7 +1,7 @@
 """The CLI against a shared stack: ticket commands go through its authenticated HTTP API with your token.
 
-With DAEDALUS_API_URL set, `ticket create|list|show|amend|cancel|terminate`, `decide`, `delegate` and `audit`
-are sent to that API with DAEDALUS_API_TOKEN, and act as the token's person: `--as` may only repeat it. Without it,
+With DAEDALUS_API_URL set, `ticket create|list|show|amend|cancel|terminate`, `decide`, `delegate`, `audit` and
+`train` are sent to that API with DAEDALUS_API_TOKEN, and act as the token's person: `--as` may only repeat it. Without it,
 the CLI talks to Temporal and the store directly and trusts the local user's `--as`: that is the embedded,
 single-user stack of `daedalus up` and the demo, where whoever runs the CLI owns the whole stack anyway.
 """
@@ -60,6 +60,15 @@ def _detail(response: httpx.Response) -> str:
     except ValueError:
         detail = None
     return str(detail) if detail else f"HTTP {response.status_code}: {response.text[:500]}"
+
+
+def local_person(who: str | None, flag: str = "--as") -> str:
+    """The local stack trusts the local user's word for who acts, but wants it said."""
+    if who is None:
+        fail(
+            f"say who acts with {flag} <person> (or set DAEDALUS_API_URL and DAEDALUS_API_TOKEN for a shared stack)"
+        )
+    return who
 
 
 def shared_stack() -> Remote | None:

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from daedalus import services as tickets
 from daedalus.cli._common import client, console, fail, policy, run, settings, store
-from daedalus.cli.remote import Remote, shared_stack
+from daedalus.cli.remote import Remote, local_person, shared_stack
 from daedalus.escaping import for_terminal as shown
 from daedalus.hosts.registry import RegistryError, load_registry
 from daedalus.schemas.ticket import (
@@ -42,15 +42,6 @@ AS_HELP = "who acts; against a shared stack (DAEDALUS_API_URL) only your token's
 app = typer.Typer(help="File, list, inspect, amend and cancel tickets.", no_args_is_help=True)
 
 
-def _local_person(who: str | None, flag: str = "--as") -> str:
-    """The local stack trusts the local user's word for who acts (see cli/remote.py), but wants it said."""
-    if who is None:
-        fail(
-            f"say who acts with {flag} <person> (or set DAEDALUS_API_URL and DAEDALUS_API_TOKEN for a shared stack)"
-        )
-    return who
-
-
 def _model(build: type[M], **values: Any) -> M:
     try:
         return build(**values)
@@ -61,7 +52,9 @@ def _model(build: type[M], **values: Any) -> M:
 @app.command()
 def create(
     file: Annotated[Path, typer.Option("-f", "--file", help="ticket spec (YAML or JSON)")],
-    filed_by: Annotated[str | None, typer.Option("--as", help=f"{AS_HELP} (local: `cli`)")] = None,
+    filed_by: Annotated[
+        str | None, typer.Option("--as", help=f"{AS_HELP} (local, without a policy: `cli`)")
+    ] = None,
 ) -> None:
     """File a ticket: validates the whole spec first, then starts workflow ticket-<id>."""
     try:
@@ -77,6 +70,9 @@ def create(
             f"by {shown(filed['filed_by'])}"
         )
         return
+    # Without a policy the local stack records an unnamed filer as `cli`; under one, who files decides who
+    # may approve, so it must be said.
+    filer = local_person(filed_by) if policy() is not None else filed_by or "cli"
     temporal = settings().temporal
     try:
         hosts = load_registry(settings().hosts_file)
@@ -88,7 +84,7 @@ def create(
             await client(),
             spec,
             queue=temporal.control_queue,
-            filed_by=filed_by or "cli",
+            filed_by=filer,
             hosts=hosts,
             policy=policy(),
         )
@@ -193,12 +189,10 @@ def print_state(state: TicketState) -> None:
         console.print(
             f"[yellow]waiting for a decision[/yellow] {shown(request.id)}: {shown(request.question)}"
         )
-        console.print(
-            f"  options: {shown(request.options)}; may decide: {shown(request.deciders + request.delegates)}"
-        )
-        console.print(
-            shown(f"  answer:  daedalus decide {request.id} {request.options[0]} --as {request.deciders[0]}")
-        )
+        allowed = request.allowed
+        console.print(f"  options: {shown(request.options)}; may decide: {shown(allowed)}")
+        who = allowed[0] if allowed else "<decider>"
+        console.print(shown(f"  answer:  daedalus decide {request.id} {request.options[0]} --as {who}"))
 
 
 @app.command()
@@ -212,7 +206,7 @@ def amend(
 ) -> None:
     """Change a live ticket's brief, constraints or attempt budget (applies from the next attempt)."""
     remote = shared_stack()
-    who = remote.acting_as(who) if remote is not None else _local_person(who)
+    who = remote.acting_as(who) if remote is not None else local_person(who)
     amendment = _model(
         SpecAmendment,
         amended_by=who,
@@ -242,7 +236,7 @@ def cancel(
 ) -> None:
     """Cancel a live ticket; its running step and that step's processes on the host are stopped."""
     remote = shared_stack()
-    who = remote.acting_as(who) if remote is not None else _local_person(who)
+    who = remote.acting_as(who) if remote is not None else local_person(who)
     request = _model(CancelRequest, requested_by=who, reason=reason)
     if remote is not None:
         body = request.model_dump(mode="json")
@@ -266,7 +260,7 @@ def terminate(
 ) -> None:
     """Last resort for a wedged ticket that cannot be cancelled: terminate its workflow and close its trail."""
     remote = shared_stack()
-    who = remote.acting_as(who) if remote is not None else _local_person(who)
+    who = remote.acting_as(who) if remote is not None else local_person(who)
     request = _model(TerminateRequest, requested_by=who, reason=reason)
     if remote is not None:
         events = remote.call("POST", f"/tickets/{ticket_id}/terminate", json=request.model_dump(mode="json"))
@@ -296,7 +290,7 @@ def decide(
 ) -> None:
     """Answer a pending decision. Refused (and nothing written) for an unknown request, option or decider."""
     remote = shared_stack()
-    who = remote.acting_as(who) if remote is not None else _local_person(who)
+    who = remote.acting_as(who) if remote is not None else local_person(who)
     decision = _model(
         Decision, request_id=request_id, option=option, decided_by=who, note=note, channel="cli"
     )
@@ -319,7 +313,7 @@ def delegate(
 ) -> None:
     """Let someone decide one kind of decision for a ticket ("the lead may dispatch on my behalf")."""
     remote = shared_stack()
-    who = remote.acting_as(who) if remote is not None else _local_person(who)
+    who = remote.acting_as(who) if remote is not None else local_person(who)
     delegation = _model(Delegation, granted_by=who, delegate=to, kind=kind)
     if remote is not None:
         body = delegation.model_dump(mode="json")

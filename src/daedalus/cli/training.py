@@ -1,6 +1,7 @@
 """`daedalus train ...`: start, watch, stop and list the deaths of training runs.
 
-Errors are a message on stderr and exit code 2, as in every other `daedalus` command (cli/_common.py).
+With DAEDALUS_API_URL set, every command goes through the shared stack's API as the token's person
+(cli/remote.py). Errors are a message on stderr and exit code 2, as in every other `daedalus` command.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from rich.table import Table
 
 from daedalus import services
 from daedalus.cli._common import client, console, fail, policy, run, settings
+from daedalus.cli.remote import local_person, shared_stack
 from daedalus.decisions.schemas import Decision, TrainingRunSubject
 from daedalus.escaping import for_terminal as shown
-from daedalus.schemas.training import StopTraining, TrainingRunStatus
+from daedalus.schemas.training import StopTraining, TrainingRunSpec, TrainingRunStatus
 
 app = typer.Typer(help="Training runs supervised by the watchdog.", no_args_is_help=True)
 
@@ -24,10 +26,22 @@ app = typer.Typer(help="Training runs supervised by the watchdog.", no_args_is_h
 @app.command()
 def start(
     file: Annotated[Path, typer.Option("-f", "--file", help="run.yaml")],
-    started_by: Annotated[str, typer.Option("--as", help="who starts it")] = "cli",
+    started_by: Annotated[
+        str | None, typer.Option("--as", help="who starts it (local, without a policy: `cli`)")
+    ] = None,
 ) -> None:
     """Start a training run (workflow id training-<name>); refuses a second live run of the same name. Under a
     policy, a run on a host you do not operate waits for someone else's dispatch decision."""
+    remote = shared_stack()
+    if remote is not None:
+        remote.acting_as(started_by)
+        body = _read_spec(file).model_dump(mode="json")
+        started = remote.call("POST", "/training", json=body)
+        console.print(
+            shown(f"started {started['workflow_id']} on host {started['host']} as {started['started_by']}")
+        )
+        return
+    starter = local_person(started_by) if policy() is not None else started_by or "cli"
 
     async def go() -> tuple[str, str]:
         spec = services.load_run_spec(file)
@@ -35,13 +49,20 @@ def start(
             await client(),
             spec,
             queue=settings().temporal.control_queue,
-            started_by=started_by,
+            started_by=starter,
             policy=policy(),
         )
         return handle.id, spec.host
 
     workflow_id, host = run(go())
     console.print(shown(f"started {workflow_id} on host {host}"))
+
+
+def _read_spec(file: Path) -> TrainingRunSpec:
+    try:
+        return services.load_run_spec(file)
+    except services.TicketError as error:
+        fail(str(error))
 
 
 def render_status(status: TrainingRunStatus) -> Table:
@@ -78,15 +99,27 @@ def status(name: str) -> None:
 @app.command()
 def stop(
     name: str,
-    by: Annotated[str, typer.Option("--by", help="who stops it (recorded in the audit trail)")] = "cli",
+    by: Annotated[
+        str | None,
+        typer.Option("--by", help="who stops it (recorded; local, without a policy: `cli`)"),
+    ] = None,
     reason: Annotated[str, typer.Option(help="why (recorded)")] = "stopped by request",
 ) -> None:
-    """Stop a run gracefully: checkpoint signal, then SIGTERM, then SIGKILL of its process group."""
+    """Stop a run gracefully: checkpoint signal, then SIGTERM, then SIGKILL of its process group. Under a
+    policy, only its starter, a decider or an operator of its host may."""
+    remote = shared_stack()
+    if remote is not None:
+        request = StopTraining(requested_by=remote.acting_as(by), reason=reason)
+        stopped = remote.call("POST", f"/training/{name}/stop", json=request.model_dump(mode="json"))
+        result = TrainingRunStatus.model_validate(stopped)
+    else:
+        stopper = local_person(by, "--by") if policy() is not None else by or "cli"
+        request = StopTraining(requested_by=stopper, reason=reason)
 
-    async def go() -> TrainingRunStatus:
-        return await services.stop_run(await client(), name, StopTraining(requested_by=by, reason=reason))
+        async def go() -> TrainingRunStatus:
+            return await services.stop_run(await client(), name, request, policy=policy())
 
-    result = run(go())
+        result = run(go())
     console.print(shown(f"stopping {name} (incarnation {result.incarnation})"))
 
 
@@ -94,23 +127,35 @@ def stop(
 def decide(
     name: str,
     option: Annotated[str, typer.Argument(help="approve | reject (dispatch), restart | stop (escalation)")],
-    who: Annotated[str, typer.Option("--as", help="who decides (must be a decider of the run)")],
+    who: Annotated[
+        str | None, typer.Option("--as", help="who decides (must be a decider of the run)")
+    ] = None,
     note: Annotated[str, typer.Option(help="reason, kept in the audit trail")] = "",
 ) -> None:
     """Answer a run's pending decision: its dispatch (approve | reject), or its escalation after its third death
     (restart from the checkpoint | stop)."""
+    remote = shared_stack()
+    who = remote.acting_as(who) if remote is not None else local_person(who)
 
-    async def answer() -> TrainingRunStatus:
-        temporal = await client()
-        request = (await services.run_status(temporal, name)).pending_decision
+    def answering(status: TrainingRunStatus) -> Decision:
+        request = status.pending_decision
         if request is None:
             fail(f"training run {name} is not waiting for a decision")
         try:
-            decision = Decision(
-                request_id=request.id, option=option, decided_by=who, note=note, channel="cli"
-            )
+            return Decision(request_id=request.id, option=option, decided_by=who, note=note, channel="cli")
         except ValidationError as exc:
             fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+
+    if remote is not None:
+        decision = answering(_status(name))
+        decided = remote.call("POST", "/decisions", json=decision.model_dump(mode="json"))
+        state = TrainingRunStatus.model_validate(decided).state
+        console.print(shown(f"{who} chose {option!r} for training run {name}; it is {state.value}"))
+        return
+
+    async def answer() -> TrainingRunStatus:
+        temporal = await client()
+        decision = answering(await services.run_status(temporal, name))
         decided = await services.decide(
             temporal, decision, subject=TrainingRunSubject(run=name), policy=policy()
         )
@@ -124,6 +169,10 @@ def decide(
 
 
 def _status(name: str) -> TrainingRunStatus:
+    remote = shared_stack()
+    if remote is not None:
+        return TrainingRunStatus.model_validate(remote.call("GET", f"/training/{name}"))
+
     async def go() -> TrainingRunStatus:
         return await services.run_status(await client(), name)
 

@@ -103,10 +103,23 @@ class DecisionDesk:
         self._answer = decision
 
     def validate_delegation(self, delegation: Delegation) -> None:
+        """A decider may delegate, unless the pending request of that kind excludes them: a filer cannot hand
+        their own dispatch to someone else."""
         if delegation.granted_by not in self._deciders():
             raise ValueError(
                 f"{delegation.granted_by} is not a decider of {self.subject.label} and cannot delegate; "
                 f"deciders: {self._deciders()}"
+            )
+        pending = self.state.pending
+        if (
+            pending is not None
+            and pending.kind is delegation.kind
+            and delegation.granted_by in pending.excluded
+        ):
+            raise ValueError(
+                f"{delegation.granted_by} filed {self.subject.label} and may not decide its "
+                f"{delegation.kind.value}, so cannot delegate it either; ask someone else with authority: "
+                f"{pending.allowed}"
             )
 
     async def delegate(self, delegation: Delegation) -> list[str]:

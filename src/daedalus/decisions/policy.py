@@ -123,6 +123,10 @@ class Policy(SpecModel):
     def may_terminate(self, person: str, host: str) -> bool:
         return self.has_role(person, Role.DECIDER) or self.operates(person, host)
 
+    def may_stop(self, person: str, host: str, started_by: str) -> bool:
+        """A training run: its starter may stop it, as may anyone who may terminate things on its host."""
+        return person.lower() == started_by.lower() or self.may_terminate(person, host)
+
     def require_hosts(self, hosts: Registry) -> None:
         """Every host the policy names is in the host registry."""
         unknown = sorted(set(self.hosts) - set(hosts.names))
@@ -141,6 +145,13 @@ class Policy(SpecModel):
             return None
         if who in self.delegates_of(request.deciders, request.kind):
             return None
+        if request.kind is DecisionKind.DISPATCH:
+            # What runs on a host is the policy's to say: a delegation made at run time (by whoever could
+            # reach the `delegate` update) never makes someone an approver of a dispatch.
+            return (
+                f"the server's policy gives {decision.decided_by} no authority over dispatch decisions (not a "
+                f"decider in the policy, and no standing delegate of this request's deciders)"
+            )
         if who in request.delegates and who in self.people:
             return None  # delegated on this subject by one of its deciders
         return (
@@ -234,8 +245,9 @@ def _require_filer(policy: Policy, person: str, action: str) -> None:
     if not (policy.has_role(person, Role.FILER) or policy.has_role(person, Role.LEAD)):
         known = "has no `filer` or `lead` role" if person in policy.people else "is not in the policy"
         raise NotAllowed(
-            f"{person} may not {action}: {person} {known}; ask an administrator to add them to policy.yaml "
-            f"(people.{person}.roles: [filer])"
+            f"{person} may not {action}: {person} {known}; if you are not {person}, say who you are with "
+            f"--as <you>; else ask an administrator to add {person} to policy.yaml (people.{person}.roles: "
+            f"[filer])"
         )
 
 

@@ -357,6 +357,9 @@ class TrainingRunInput(Model):
         default=None,
         description="the server policy's dispatch rule, resolved at start; None: starts at once (no policy)",
     )
+    started_by: str = Field(
+        default="cli", description="who started the run (kept across continue-as-new); may stop it"
+    )
 
 
 class TrainingRunStatus(Model):
@@ -376,5 +379,6 @@ class TrainingRunStatus(Model):
     hunting_tickets: list[str] = Field(default_factory=list)
     pending_decision: DecisionRequest | None = None
     host_report: HostReport | None = None
+    started_by: str = Field(default="cli", description="who started the run")
     continued: int = 0
     audit_seq: int = Field(default=0, description="the last audit event the store holds")

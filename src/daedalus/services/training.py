@@ -17,6 +17,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from daedalus.decisions.policy import Policy, resolve_training
+from daedalus.errors import NotAllowed
 from daedalus.ids import training_workflow_id
 from daedalus.schemas import search_attributes
 from daedalus.schemas.training import StopTraining, TrainingRunInput, TrainingRunSpec, TrainingRunStatus
@@ -80,7 +81,7 @@ async def start_run(
     try:
         return await client.start_workflow(
             TrainingRunWorkflow.run,
-            TrainingRunInput(spec=spec, dispatch=dispatch),
+            TrainingRunInput(spec=spec, dispatch=dispatch, started_by=started_by.lower()),
             id=spec.workflow_id,
             task_queue=queue,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
@@ -94,8 +95,18 @@ async def start_run(
         ) from error
 
 
-async def stop_run(client: Client, name: str, request: StopTraining) -> TrainingRunStatus:
-    """Stop a run gracefully: checkpoint signal, then SIGTERM, then SIGKILL of its process group."""
+async def stop_run(
+    client: Client, name: str, request: StopTraining, *, policy: Policy | None = None
+) -> TrainingRunStatus:
+    """Stop a run gracefully: checkpoint signal, then SIGTERM, then SIGKILL of its process group. With the
+    server's `policy`, only a decider, an operator of the run's host or the run's starter may stop it."""
+    if policy is not None:
+        run = await run_status(client, name)
+        if not policy.may_stop(request.requested_by, run.host, run.started_by):
+            raise NotAllowed(
+                f"{request.requested_by} may not stop training run {name}: only its starter "
+                f"({run.started_by}), a decider, or an operator of {run.host} may; ask one of them"
+            )
     try:
         result: TrainingRunStatus = await update(
             client, training_workflow_id(name), f"training run {name}", TrainingRunWorkflow.stop, request

@@ -57,7 +57,7 @@ def fallback_text(request: DecisionRequest) -> str:
 def decision_blocks(request: DecisionRequest) -> list[Block]:
     # Every text below is escaped: a question quotes the ticket's title, and a title that says `<!channel>`
     # or `<https://evil|https://good>` must reach Slack as those characters, not as a mention or a link.
-    who = for_slack(", ".join(request.deciders + request.delegates))
+    who = for_slack(", ".join(request.allowed))
     heading = f"*Reminder {request.reminders_sent}* — " if request.reminders_sent else ""
     blocks: list[Block] = [
         SectionBlock(

@@ -121,7 +121,7 @@ def _record_decision(session: Session, record: AuditRecord) -> None:
                     kind=request.kind.value,
                     question=request.question,
                     options=request.options,
-                    deciders=request.deciders + request.delegates,
+                    deciders=request.allowed,
                     requested_at=request.requested_at,
                 )
             )

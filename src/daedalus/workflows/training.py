@@ -57,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from daedalus.schemas.ui import start_details, start_summary
     from daedalus.workflows.steps import StepFailed, Steps, history_is_long
+    from daedalus.workflows.ticket_rules import tree_commands
     from daedalus.workflows.trail import AuditTrail
 
 AUDIT_PATCH = "training-audit-events"
@@ -96,6 +97,8 @@ class TrainingRunWorkflow:
     @workflow.init
     def __init__(self, inp: TrainingRunInput) -> None:
         self.spec: TrainingRunSpec = inp.spec
+        self.started_by = inp.started_by
+        self.dispatch = inp.dispatch
         self.c = inp.carry
         self.segment: workflow.ActivityHandle[SegmentReport] | None = None
         c = self.c  # a carry written before the desk and the trail keeps their state in its own fields
@@ -148,6 +151,7 @@ class TrainingRunWorkflow:
             host_report=self.c.host_report,
             continued=self.c.continued,
             audit_seq=self.trail.written_seq,
+            started_by=self.started_by,
         )
 
     @workflow.update
@@ -210,7 +214,7 @@ class TrainingRunWorkflow:
     async def _dispatched(self, rule: DispatchRule) -> bool:
         """The server's policy requires a dispatch decision before anything runs on the host (the starter does
         not operate it): ask, and wait. False when it was rejected or the run was stopped while waiting.
-        Only a first run asks: its continuation's input carries no rule (see `_continue_as_new`)."""
+        Only a first run asks: its continuation's input carries the rule no longer required (`_continue_as_new`)."""
         question = f"Start training run {self.spec.name} on {self.spec.host}? ({rule.reason})"
         waiting = Waiting(
             reminder=timedelta(seconds=self.spec.approval.reminder_interval_s),
@@ -273,8 +277,12 @@ class TrainingRunWorkflow:
                 "audit_seq": 0,
             }
         )
-        # No dispatch rule: the run was dispatched (or needed no decision) before its first incarnation.
-        workflow.continue_as_new(TrainingRunInput(spec=self.spec, carry=carry))
+        # The run was dispatched (or needed no decision) before its first incarnation: its rule goes on, no
+        # longer required, for its hunting tickets.
+        dispatched = self.dispatch.model_copy(update={"required": False}) if self.dispatch else None
+        workflow.continue_as_new(
+            TrainingRunInput(spec=self.spec, carry=carry, started_by=self.started_by, dispatch=dispatched)
+        )
 
     def _set(self, **changes: object) -> None:
         self.c = self.c.model_copy(update=changes)
@@ -292,6 +300,7 @@ class TrainingRunWorkflow:
             AuditKind.TRAINING,
             f"{verb} incarnation {self.c.incarnation} on {self.spec.host}"
             + (f", resuming from {resume}" if resume else ""),
+            actor=self.started_by if verb == "started" else "daedalus",
             detail=detail,
         )
 
@@ -501,7 +510,7 @@ class TrainingRunWorkflow:
         try:
             await workflow.start_child_workflow(
                 HUNTING_TICKET_WORKFLOW,
-                TicketInput(spec=spec, filed_by=self.spec.workflow_id),
+                TicketInput(spec=spec, filed_by=self.spec.workflow_id, dispatch=self._hunting_dispatch(spec)),
                 id=ticket_workflow_id(ticket_id),
                 parent_close_policy=workflow.ParentClosePolicy.ABANDON,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
@@ -511,6 +520,18 @@ class TrainingRunWorkflow:
             )
         except WorkflowAlreadyStartedError:
             workflow.logger.info("hunting ticket %s is already open", ticket_id)
+
+    def _hunting_dispatch(self, spec: TicketSpec) -> DispatchRule | None:
+        """Under the policy (the run has a rule), a hunting ticket's agent waits for a dispatch decision, which
+        whoever the run's rule excluded may not give; with no policy, its spec's own approval decides."""
+        if self.dispatch is None:
+            return None
+        return DispatchRule(
+            required=True,
+            excluded=self.dispatch.excluded,
+            commands=tree_commands(spec),
+            reason=f"a hunting agent for training run {self.spec.name} on {self.spec.host}",
+        )
 
     async def _await_decision(self) -> None:
         reminders = workflow.patched(DESK_PATCH)
