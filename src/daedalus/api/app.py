@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
 from temporalio.client import Client
 
-from daedalus.api import audit, decisions, report, slack_interactions, tickets, training
+from daedalus.api import audit, decisions, hosts, report, slack_interactions, tickets, training
 from daedalus.api.context import ApiContext, ClientFactory
 from daedalus.api.errors import validation_handler
 from daedalus.api.limits import MAX_BODY_BYTES, BodyLimit
@@ -25,9 +27,11 @@ def create_app(
     settings: ApiSettings,
     slack: SlackSettings,
     max_body_bytes: int = MAX_BODY_BYTES,
+    hosts_file: Path | None = None,
 ) -> FastAPI:
     """The API over one Temporal client (given, or connected on first use by `client_factory`) and one store;
-    its settings come from the entry point (`daedalus api serve` builds them once)."""
+    its settings come from the entry point (`daedalus api serve` builds them once). With `hosts_file` (the host
+    registry), filing refuses unknown hosts, tickets stuck on a host nobody serves say so, and /hosts answers."""
     if (client is None) == (client_factory is None):
         raise ValueError("create_app needs exactly one of `client` and `client_factory`")
     if client is not None:
@@ -52,11 +56,13 @@ def create_app(
         settings=settings,
         slack=slack,
         client_factory=client_factory,
+        hosts_file=hosts_file,
     )
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_exception_handler(RequestValidationError, validation_handler)
     for router in (
         tickets.router,
+        hosts.router,
         training.router,
         decisions.router,
         audit.router,

@@ -9,9 +9,12 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
-from daedalus.api.context import Caller, Context
+from daedalus.api.context import Caller, Context, TemporalClient
+from daedalus.hosts.status import waiting_on_hosts
 from daedalus.report import build_report, render_html, render_markdown
+from daedalus.store import queries
 from daedalus.store.database import session_scope
+from daedalus.store.tables import TicketRow
 
 router = APIRouter(tags=["report"])
 MAX_WINDOW = timedelta(days=366)
@@ -40,15 +43,25 @@ def parse_window(text: str) -> timedelta:
 async def report(
     _: Caller,
     context: Context,
+    client: TemporalClient,
     since: Annotated[str, Query(description="the window: 30m, 24h, 7d")] = "24h",
     format: Annotated[Literal["html", "md"], Query(description="html (charts inline) or md")] = "html",
 ) -> Response:
     """The progress report as of now: cards, tickets and gates, campaigns, training runs, decisions, lessons."""
     start = datetime.now(UTC) - parse_window(since)
 
+    def live_tickets() -> list[TicketRow]:
+        with session_scope(context.engine) as session:
+            return list(queries.list_tickets(session=session, limit=1000))
+
+    waiting: dict[str, str] = {}
+    if context.hosts_file is not None:
+        tickets = await asyncio.to_thread(live_tickets)
+        waiting = await waiting_on_hosts(client, context.registry(), tickets, client.namespace)
+
     def render() -> str:
         with session_scope(context.engine) as session:
-            built = build_report(session=session, since=start)
+            built = build_report(session=session, since=start, waiting_on_hosts=waiting)
         return render_html(built) if format == "html" else render_markdown(built)
 
     text = await asyncio.to_thread(render)

@@ -10,10 +10,11 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.service import RPCError, RPCStatusCode
 
 from daedalus import services as tickets
-from daedalus.api.context import Caller, Context, TemporalClient, require_same_person
+from daedalus.api.context import ApiContext, Caller, Context, TemporalClient, require_same_person
 from daedalus.api.errors import refusal, status_for, within
 from daedalus.api.models import Delegated, TicketDetail, TicketFiled, TicketSummary, VerdictPublic
 from daedalus.errors import TicketError
+from daedalus.hosts.status import waiting_on_hosts
 from daedalus.ids import ticket_workflow_id
 from daedalus.schemas.ticket import (
     TICKET_ID_PATTERN,
@@ -36,8 +37,11 @@ async def file_ticket(
     spec: TicketSpec, caller: Caller, context: Context, client: TemporalClient
 ) -> TicketFiled:
     """File a ticket (the body is a ticket spec, as in a YAML file). 409 while a ticket with its id is live."""
+    registry = context.registry() if context.hosts_file is not None else None
     try:
-        handle = await tickets.file_ticket(client, spec, queue=context.control_queue, filed_by=caller)
+        handle = await tickets.file_ticket(
+            client, spec, queue=context.control_queue, filed_by=caller, hosts=registry
+        )
     except TicketError as error:
         raise refusal(error) from error
     return TicketFiled(
@@ -49,6 +53,7 @@ async def file_ticket(
 async def list_tickets(
     _: Caller,
     context: Context,
+    client: TemporalClient,
     status_: Annotated[TicketStatus | None, Query(alias="status")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> list[TicketSummary]:
@@ -61,7 +66,17 @@ async def list_tickets(
             )
             return [TicketSummary.model_validate(row) for row in rows]
 
-    return await asyncio.to_thread(read)
+    return await _with_waiting(context, client, await asyncio.to_thread(read))
+
+
+async def _with_waiting(
+    context: ApiContext, client: Client, summaries: list[TicketSummary]
+) -> list[TicketSummary]:
+    """The summaries, each stuck on a host no worker polls saying so (`waiting_on_host`)."""
+    if context.hosts_file is None:
+        return summaries
+    lines = await waiting_on_hosts(client, context.registry(), summaries, client.namespace)
+    return [s.model_copy(update={"waiting_on_host": lines.get(s.ticket_id)}) for s in summaries]
 
 
 @router.get("/{ticket_id}", response_model=TicketDetail)
@@ -94,6 +109,8 @@ async def show_ticket(
             f"no ticket {ticket_id!r}: Temporal has no workflow {ticket_workflow_id(ticket_id)} and the store "
             f"has no record of it; `GET /tickets` lists the known ones",
         )
+    if projection is not None:
+        [projection] = await _with_waiting(context, client, [projection])
     return TicketDetail(
         ticket_id=ticket_id,
         workflow_id=ticket_workflow_id(ticket_id),

@@ -42,6 +42,7 @@ def serve(
         client_factory=connect,
         settings=settings.api,
         slack=settings.slack,
+        hosts_file=settings.hosts_file,
     )
     console.print(
         f"Daedalus API on http://{host}:{port} (docs at /docs); Temporal at {settings.temporal.target}"

@@ -15,7 +15,7 @@ from rich.markdown import Markdown
 from rich.table import Table
 
 from daedalus import services as tickets
-from daedalus.cli._common import client, console, fail, run, settings, store
+from daedalus.cli._common import client, console, fail, run, settings, store, waiting_on_hosts
 from daedalus.escaping import for_terminal as shown
 from daedalus.hosts.registry import RegistryError, load_registry
 from daedalus.schemas.ticket import (
@@ -89,7 +89,10 @@ def list_(status: Annotated[str | None, typer.Option(help="only tickets in this 
                 shown(row.awaiting or ""),
                 f"{row.updated_at:%Y-%m-%d %H:%M:%S}",
             )
+        waiting = waiting_on_hosts(rows)
     console.print(table)
+    for ticket_id, line in waiting.items():
+        console.print(f"[yellow]ticket {shown(ticket_id)}: {shown(line)}[/yellow]")
 
 
 @app.command()
@@ -99,10 +102,14 @@ def show(ticket_id: str) -> None:
     async def go() -> TicketState:
         return await tickets.status(await client(), ticket_id)
 
-    print_state(run(go()))
+    state = run(go())
+    with session_scope(store()) as session:
+        row = queries.get_ticket(session=session, ticket_id=ticket_id)
+        waiting = waiting_on_hosts([row]) if row is not None and row.status == state.status.value else {}
+    print_state(state, waiting.get(ticket_id))
 
 
-def print_state(state: TicketState) -> None:
+def print_state(state: TicketState, waiting_on_host: str | None = None) -> None:
     spec = state.spec
     console.print(f"[bold]ticket {shown(spec.id)}[/bold]: {shown(spec.title)}  \\[{state.status.value}]")
     console.print(
@@ -111,6 +118,8 @@ def print_state(state: TicketState) -> None:
     )
     if state.outcome_reason:
         console.print(f"  outcome: {shown(state.outcome_reason)}")
+    if waiting_on_host:
+        console.print(f"  [yellow]{shown(waiting_on_host)}[/yellow]")
     for child, status in state.children.items():
         console.print(f"  sub-ticket {shown(child)}: {status.value}")
     if state.attempts:
@@ -287,7 +296,8 @@ def report(
         if target is not None and not target.parent.is_dir():
             fail(f"cannot write {target}: directory {target.parent} does not exist")
     with session_scope(store()) as session:
-        built = build_report(session=session, since=parse_since(since))
+        waiting = waiting_on_hosts(queries.list_tickets(session=session, limit=1000))
+        built = build_report(session=session, since=parse_since(since), waiting_on_hosts=waiting)
     if narrate:
         from daedalus.agents.lead import LeadAgent
 

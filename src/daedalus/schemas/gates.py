@@ -179,6 +179,14 @@ class Verdict(StrEnum):
     """The measurement itself broke; never reported as FAIL."""
 
 
+class LeaseRecord(Model):
+    """The GPU lease a measurement ran under: no other measurement held these GPUs meanwhile."""
+
+    lease_id: str
+    host: str
+    gpus: list[int]
+
+
 class GateResult(Model):
     """A gate's verdict with everything needed to re-derive it later without rerunning anything."""
 
@@ -212,3 +220,4 @@ class GateResult(Model):
         default=None,
         description="the measurement as judged (without evidence paths): re-deriving needs it whole",
     )
+    lease: LeaseRecord | None = Field(default=None, description="the GPU lease it ran under; None: no GPUs")

@@ -46,3 +46,6 @@ class GateInput(Model):
     engine: EngineRef | None = Field(
         default=None, description="for a ticket without an agent: the engine to measure at its base commit"
     )
+    gpus: list[int] | None = Field(
+        default=None, description="the GPUs leased for it: its command sees only these (CUDA_VISIBLE_DEVICES)"
+    )
