@@ -50,7 +50,7 @@ class GateActivities:
             log_path=log_path,
             stdout_path=stdout_path,
             timeout_s=gate.timeout_s,
-            env=leased_gpus_env(request.gpus),
+            env=request.lease.environment() if request.lease else None,
             heartbeat=activity.heartbeat,
             pidfile=pidfile,
         )
@@ -92,11 +92,6 @@ class GateActivities:
             commit=request.commit,
             evidence=evidence,
         )
-
-
-def leased_gpus_env(gpus: list[int] | None) -> dict[str, str] | None:
-    """What a command under a GPU lease adds to its environment: it sees only the leased GPUs."""
-    return None if gpus is None else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
 
 
 def read_tail(path: Path, limit: int) -> str:

@@ -27,7 +27,8 @@ async def start_run(
 ) -> RunStarted:
     """Start a training run (the body is a run file, as JSON). 409 while a run of that name is live."""
     try:
-        handle = await services.start_run(client, spec, queue=context.control_queue)
+        registry = context.registry() if context.hosts_file is not None else None
+        handle = await services.start_run(client, spec, queue=context.control_queue, hosts=registry)
     except services.TicketError as error:
         raise refusal(error) from error
     return RunStarted(

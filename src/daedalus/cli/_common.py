@@ -22,6 +22,7 @@ from daedalus.services import connect
 from daedalus.store.database import make_engine, migrate
 
 if TYPE_CHECKING:
+    from daedalus.hosts.registry import Registry
     from daedalus.hosts.status import TicketOnHost
 
 T = TypeVar("T")
@@ -64,6 +65,16 @@ def store(settings_: Settings | None = None) -> Engine:
     engine = make_engine((settings_ or settings()).store_url)
     migrate(engine)
     return engine
+
+
+def registry() -> Registry:
+    """The host registry (DAEDALUS_HOSTS_FILE); one that cannot be read ends in exit 2 with what is wrong."""
+    from daedalus.hosts.registry import load_registry
+
+    try:
+        return load_registry(settings().hosts_file)
+    except RegistryError as error:
+        fail(str(error))
 
 
 def waiting_on_hosts(tickets: Sequence[TicketOnHost]) -> dict[str, str]:

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from daedalus import services
-from daedalus.cli._common import client, console, fail, run, settings
+from daedalus.cli._common import client, console, fail, registry, run, settings
 from daedalus.decisions.schemas import Decision, TrainingRunSubject
 from daedalus.escaping import for_terminal as shown
 from daedalus.schemas.training import StopTraining, TrainingRunStatus
@@ -27,7 +27,9 @@ def start(file: Annotated[Path, typer.Option("-f", "--file", help="run.yaml")]) 
 
     async def go() -> tuple[str, str]:
         spec = services.load_run_spec(file)
-        handle = await services.start_run(await client(), spec, queue=settings().temporal.control_queue)
+        handle = await services.start_run(
+            await client(), spec, queue=settings().temporal.control_queue, hosts=registry()
+        )
         return handle.id, spec.host
 
     workflow_id, host = run(go())

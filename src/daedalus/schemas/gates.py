@@ -186,6 +186,12 @@ class LeaseRecord(Model):
     host: str
     gpus: list[int]
 
+    def environment(self) -> dict[str, str]:
+        """What a command under the lease adds to its environment: it sees only the leased GPUs, and can name
+        its lease (as `run_leased` commands do)."""
+        gpus = ",".join(map(str, self.gpus))
+        return {"CUDA_VISIBLE_DEVICES": gpus, "DAEDALUS_LEASE_ID": self.lease_id, "DAEDALUS_LEASE_GPUS": gpus}
+
 
 class GateResult(Model):
     """A gate's verdict with everything needed to re-derive it later without rerunning anything."""

@@ -16,6 +16,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from daedalus.hosts.registry import Registry, unknown_host_message
 from daedalus.ids import training_workflow_id
 from daedalus.schemas.training import StopTraining, TrainingRunInput, TrainingRunSpec, TrainingRunStatus
 from daedalus.services._temporal import TicketError, update
@@ -59,14 +60,22 @@ def load_run_spec(path: Path) -> TrainingRunSpec:
 
 
 async def start_run(
-    client: Client, spec: TrainingRunSpec, *, queue: str
+    client: Client, spec: TrainingRunSpec, *, queue: str, hosts: Registry | None = None
 ) -> WorkflowHandle[TrainingRunWorkflow, TrainingRunStatus]:
-    """Start `training-<name>`; refuses while a run of that name is live, allows a new one after it ended."""
+    """Start `training-<name>`; refuses while a run of that name is live, allows a new one after it ended.
+
+    With `hosts` (the registry), a run on an undeclared host is refused, and a run on a host with GPUs holds a
+    lease on all of them for as long as it lives."""
     require_startable(spec)
+    gpus = 0
+    if hosts is not None:
+        if spec.host not in hosts.names:
+            raise TicketError(f"training run {spec.name}: {unknown_host_message(spec.host, hosts.names)}")
+        gpus = hosts.host(spec.host).gpus.count
     try:
         return await client.start_workflow(
             TrainingRunWorkflow.run,
-            TrainingRunInput(spec=spec),
+            TrainingRunInput(spec=spec, gpus=gpus),
             id=spec.workflow_id,
             task_queue=queue,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,

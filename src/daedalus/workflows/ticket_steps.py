@@ -196,7 +196,7 @@ class TicketSteps:
                 leased = LeaseRecord(lease_id=lease.lease_id, host=spec.host, gpus=lease.gpus)
                 measured = await self.steps.on_host(
                     RUN_GATE,
-                    step.model_copy(update={"gpus": lease.gpus}),
+                    step.model_copy(update={"lease": leased}),
                     host=spec.host,
                     timeout=timeout,
                     schedule_to_start=schedule_to_start,
