@@ -6,7 +6,9 @@ the host's keeper, and its verdict records the lease. No attempt is spent on the
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -26,7 +28,7 @@ from daedalus.hosts.registry import GpuSpec, HostSpec, Registry
 from daedalus.hosts.status import waiting_on_hosts
 from daedalus.report import build_report, render_markdown
 from daedalus.schemas.gates import Verdict
-from daedalus.schemas.ticket import AttemptOutcome, Decision, TicketStatus
+from daedalus.schemas.ticket import AttemptOutcome, CancelRequest, Decision, TicketStatus
 from daedalus.slack.settings import SlackSettings
 from daedalus.store import queries
 from daedalus.store.database import session_scope
@@ -35,7 +37,9 @@ from daedalus.worker import WorkerConfig, build_workers
 from daedalus.workflows.ticket import TicketWorkflow
 from tests.support import gate_command, make_engine_repo, ticket_spec
 from tests.ticket_helpers import host_of, pending
+from tests.workflows.test_ticket_replay import replay_and_keep
 
+DAEDALUS = str(Path(sys.executable).parent / "daedalus")
 TOKENS = {"tok-wayne": "wayne"}
 WAYNE = {"Authorization": "Bearer tok-wayne"}
 
@@ -81,10 +85,12 @@ async def test_a_host_nobody_serves_is_seen_and_escalates_as_unavailable_without
     temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
 ) -> None:
     host = host_of(task_queue)
-    registry = Registry(hosts=[HostSpec(name=host, schedule_to_start_s=4)])
+    # Seen: a first ticket waits under a limit long enough for every view to be asked (the CLI takes seconds).
+    registry = Registry(hosts=[HostSpec(name=host, schedule_to_start_s=600)])
     hosts_file = tmp_path / "hosts.yaml"
     hosts_file.write_text(yaml.safe_dump(registry.model_dump(mode="json")))
-    spec = ticket_spec(make_engine_repo(tmp_path / "repo"), host)
+    repo = make_engine_repo(tmp_path / "repo")
+    seen = ticket_spec(repo, host)
     app = create_app(
         client=temporal_client,
         engine=sqlite_engine,
@@ -98,22 +104,42 @@ async def test_a_host_nobody_serves_is_seen_and_escalates_as_unavailable_without
         httpx.AsyncClient(transport=transport, base_url="http://daedalus") as api,
         workers(temporal_client, sqlite_engine, tmp_path, task_queue, hosts=[]),
     ):
-        handle = await daedalus.file_ticket(temporal_client, spec, queue=task_queue, hosts=registry)
-        row = await store_shows(sqlite_engine, spec.id, TicketStatus.DISPATCHED)
+        waiting = await daedalus.file_ticket(temporal_client, seen, queue=task_queue, hosts=registry)
+        row = await store_shows(sqlite_engine, seen.id, TicketStatus.DISPATCHED)
         # Seen at once: before the limit, every view says where the step waits and what to run.
-        line = (await waiting_on_hosts(temporal_client, registry, [row]))[spec.id]
+        line = (await waiting_on_hosts(temporal_client, registry, [row]))[seen.id]
         assert f"queued for host-{host} since {row.updated_at:%H:%M} UTC; no worker polls it" in line
         assert f"run `daedalus worker --host {host}` there" in line
         listed = (await api.get("/tickets", headers=WAYNE)).json()
-        assert [t["waiting_on_host"] for t in listed if t["ticket_id"] == spec.id] == [line]
-        shown = (await api.get(f"/tickets/{spec.id}", headers=WAYNE)).json()
+        assert [t["waiting_on_host"] for t in listed if t["ticket_id"] == seen.id] == [line]
+        shown = (await api.get(f"/tickets/{seen.id}", headers=WAYNE)).json()
         assert shown["projection"]["waiting_on_host"] == line
         report = (await api.get("/report?format=md", headers=WAYNE)).text
         assert line in report
+        env = {
+            **os.environ,
+            "DAEDALUS_TEMPORAL_ADDRESS": temporal_client.service_client.config.target_host,
+            "DAEDALUS_DATABASE_URL": str(sqlite_engine.url),
+            "DAEDALUS_HOSTS_FILE": str(hosts_file),
+            "DAEDALUS_HOME": str(tmp_path / "home"),
+            "COLUMNS": "400",
+        }
+        for command in (["ticket", "list"], ["ticket", "show", seen.id]):
+            done = await asyncio.to_thread(
+                subprocess.run, [DAEDALUS, *command], env=env, capture_output=True, text=True, timeout=60
+            )
+            assert done.returncode == 0, done.stderr
+            assert line in " ".join(done.stdout.split()), done.stdout
         [view] = (await api.get("/hosts", headers=WAYNE)).json()
         assert view["host"]["name"] == host and view["queue"]["pollers"] == []
 
-        # After the host's schedule-to-start limit: "host unavailable", not the agent's failure.
+        await daedalus.cancel(temporal_client, seen.id, CancelRequest(requested_by="wayne", reason="seen"))
+        assert (await asyncio.wait_for(waiting.result(), 60)).status is TicketStatus.CANCELLED
+
+        # Unavailable: after the host's schedule-to-start limit, not the agent's failure.
+        registry = Registry(hosts=[HostSpec(name=host, schedule_to_start_s=3)])
+        spec = ticket_spec(repo, host)
+        handle = await daedalus.file_ticket(temporal_client, spec, queue=task_queue, hosts=registry)
         state, request = await pending(handle, timeout=60)
         assert request.kind.value == "escalation"
         assert f"host {host} is unavailable: no worker took its attempt 1 from task queue host-{host}" in (
@@ -133,6 +159,7 @@ async def test_a_host_nobody_serves_is_seen_and_escalates_as_unavailable_without
             final = await asyncio.wait_for(handle.result(), 120)
     assert final.status is TicketStatus.PASSED, final.outcome_reason
     assert [a.number for a in final.attempts] == [1]
+    await replay_and_keep(handle, "host-unavailable")
 
 
 async def test_an_unreachable_engine_repo_spends_no_attempt_and_says_what_to_fix(
@@ -162,6 +189,7 @@ async def test_an_unreachable_engine_repo_spends_no_attempt_and_says_what_to_fix
         final = await asyncio.wait_for(handle.result(), 120)
     assert final.status is TicketStatus.PASSED, final.outcome_reason
     assert [(a.number, a.outcome) for a in final.attempts] == [(1, AttemptOutcome.GATES_PASSED)]
+    await replay_and_keep(handle, "host-environment")
 
 
 async def test_gates_on_a_host_with_gpus_run_under_a_lease_that_the_verdict_records(
@@ -182,6 +210,7 @@ async def test_gates_on_a_host_with_gpus_run_under_a_lease_that_the_verdict_reco
         handle = await daedalus.file_ticket(temporal_client, spec, queue=task_queue, hosts=registry)
         final = await asyncio.wait_for(handle.result(), 120)
         keeper = await holder.keeper_state(temporal_client, host)
+        await replay_and_keep(handle, "gate-leased")
     assert final.status is TicketStatus.PASSED, final.outcome_reason
     [result] = final.attempts[0].gate_results
     assert result.verdict is Verdict.PASS and result.lease is not None
