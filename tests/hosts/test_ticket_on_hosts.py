@@ -25,7 +25,7 @@ from daedalus.api import create_app
 from daedalus.api.settings import ApiSettings
 from daedalus.hosts import holder
 from daedalus.hosts.registry import GpuSpec, HostSpec, Registry
-from daedalus.hosts.status import waiting_on_hosts
+from daedalus.hosts.status import describe_queue, waiting_on_hosts
 from daedalus.report import build_report, render_markdown
 from daedalus.schemas.gates import Verdict
 from daedalus.schemas.ticket import AttemptOutcome, CancelRequest, Decision, TicketStatus
@@ -79,6 +79,15 @@ async def store_shows(engine: Engine, ticket_id: str, status: TicketStatus, time
             return row
         await asyncio.sleep(0.2)
     raise AssertionError(f"ticket {ticket_id} never reached {status.value} in the store")
+
+
+async def polled(client: Client, queue: str, timeout: float = 60) -> None:
+    """Until a worker has polled `queue` (a worker's first poll comes a moment after it starts)."""
+    for _ in range(int(timeout / 0.2)):
+        if (await describe_queue(client, queue)).pollers:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"no worker polled {queue} within {timeout:g}s")
 
 
 async def test_a_host_nobody_serves_is_seen_and_escalates_as_unavailable_without_spending_an_attempt(
@@ -137,7 +146,7 @@ async def test_a_host_nobody_serves_is_seen_and_escalates_as_unavailable_without
         assert (await asyncio.wait_for(waiting.result(), 60)).status is TicketStatus.CANCELLED
 
         # Unavailable: after the host's schedule-to-start limit, not the agent's failure.
-        registry = Registry(hosts=[HostSpec(name=host, schedule_to_start_s=3)])
+        registry = Registry(hosts=[HostSpec(name=host, schedule_to_start_s=5)])
         spec = ticket_spec(repo, host)
         handle = await daedalus.file_ticket(temporal_client, spec, queue=task_queue, hosts=registry)
         state, request = await pending(handle, timeout=60)
@@ -151,8 +160,9 @@ async def test_a_host_nobody_serves_is_seen_and_escalates_as_unavailable_without
             "waiting_on_host"
         ] is None  # waiting for a person now, not for a worker
 
-        # The worker comes; retry runs attempt 1 (not 2: nothing was spent).
+        # The worker comes (and polls: the retried step has the same limit); retry runs attempt 1, not 2.
         async with workers(temporal_client, None, tmp_path, task_queue, hosts=[host]):
+            await polled(temporal_client, f"host-{host}")
             await handle.execute_update(
                 TicketWorkflow.decide, Decision(request_id=request.id, option="retry", decided_by="wayne")
             )
