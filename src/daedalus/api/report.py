@@ -9,8 +9,8 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
-from daedalus.api.context import Caller, Context, TemporalClient
-from daedalus.hosts.status import waiting_on_hosts
+from daedalus.api.context import Caller, Context
+from daedalus.api.hosts import waiting_lines
 from daedalus.report import build_report, render_html, render_markdown
 from daedalus.store import queries
 from daedalus.store.database import session_scope
@@ -43,7 +43,6 @@ def parse_window(text: str) -> timedelta:
 async def report(
     _: Caller,
     context: Context,
-    client: TemporalClient,
     since: Annotated[str, Query(description="the window: 30m, 24h, 7d")] = "24h",
     format: Annotated[Literal["html", "md"], Query(description="html (charts inline) or md")] = "html",
 ) -> Response:
@@ -54,10 +53,7 @@ async def report(
         with session_scope(context.engine) as session:
             return list(queries.list_tickets(session=session, limit=1000))
 
-    waiting: dict[str, str] = {}
-    if context.hosts_file is not None:
-        tickets = await asyncio.to_thread(live_tickets)
-        waiting = await waiting_on_hosts(client, context.registry(), tickets, client.namespace)
+    waiting = await waiting_lines(context, await asyncio.to_thread(live_tickets))
 
     def render() -> str:
         with session_scope(context.engine) as session:

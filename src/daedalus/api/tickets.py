@@ -12,9 +12,9 @@ from temporalio.service import RPCError, RPCStatusCode
 from daedalus import services as tickets
 from daedalus.api.context import ApiContext, Caller, Context, TemporalClient, require_same_person
 from daedalus.api.errors import refusal, status_for, within
+from daedalus.api.hosts import waiting_lines
 from daedalus.api.models import Delegated, TicketDetail, TicketFiled, TicketSummary, VerdictPublic
 from daedalus.errors import TicketError
-from daedalus.hosts.status import waiting_on_hosts
 from daedalus.ids import ticket_workflow_id
 from daedalus.schemas.ticket import (
     TICKET_ID_PATTERN,
@@ -53,7 +53,6 @@ async def file_ticket(
 async def list_tickets(
     _: Caller,
     context: Context,
-    client: TemporalClient,
     status_: Annotated[TicketStatus | None, Query(alias="status")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> list[TicketSummary]:
@@ -66,16 +65,12 @@ async def list_tickets(
             )
             return [TicketSummary.model_validate(row) for row in rows]
 
-    return await _with_waiting(context, client, await asyncio.to_thread(read))
+    return await _with_waiting(context, await asyncio.to_thread(read))
 
 
-async def _with_waiting(
-    context: ApiContext, client: Client, summaries: list[TicketSummary]
-) -> list[TicketSummary]:
+async def _with_waiting(context: ApiContext, summaries: list[TicketSummary]) -> list[TicketSummary]:
     """The summaries, each stuck on a host no worker polls saying so (`waiting_on_host`)."""
-    if context.hosts_file is None:
-        return summaries
-    lines = await waiting_on_hosts(client, context.registry(), summaries, client.namespace)
+    lines = await waiting_lines(context, summaries)
     return [s.model_copy(update={"waiting_on_host": lines.get(s.ticket_id)}) for s in summaries]
 
 
@@ -110,7 +105,7 @@ async def show_ticket(
             f"has no record of it; `GET /tickets` lists the known ones",
         )
     if projection is not None:
-        [projection] = await _with_waiting(context, client, [projection])
+        [projection] = await _with_waiting(context, [projection])
     return TicketDetail(
         ticket_id=ticket_id,
         workflow_id=ticket_workflow_id(ticket_id),
