@@ -319,6 +319,7 @@ class TicketWorkflow:
             try:
                 return await step()
             except HostProblem as problem:
+                workflow.logger.warning("%s", problem)  # the control worker's log says it too
                 closed = await self._escalate(str(problem), grants_attempt=False)
                 if closed is not None:
                     return closed
