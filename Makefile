@@ -37,6 +37,8 @@ bench: engine
 	$(VENV)/bin/python bench/harness_fidelity.py
 	$(VENV)/bin/python bench/dispatch.py
 	$(VENV)/bin/python bench/watchdog.py
+	$(VENV)/bin/python bench/chaos.py --store sqlite
+	$(VENV)/bin/python bench/chaos.py --store postgres
 
 clean:
 	rm -rf .daedalus

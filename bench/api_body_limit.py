@@ -32,8 +32,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from daedalus.ports import free_port  # noqa: E402
+from daedalus.store import tokens as api_tokens  # noqa: E402
+from daedalus.store.database import make_engine, migrate  # noqa: E402
 
 MiB = 1024 * 1024
+GOOD_TOKEN = "dtk_000000a0_" + "g" * 43
 
 
 def chunks(total: int) -> Iterator[bytes]:
@@ -83,8 +86,11 @@ def main() -> None:
             **os.environ,
             "DAEDALUS_HOME": home,
             "DAEDALUS_TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}",  # nothing listens: never reached
-            "DAEDALUS_API_TOKENS": json.dumps({"good-token": "wayne"}),
         }
+        store = make_engine(f"sqlite:///{Path(home) / 'daedalus.db'}")
+        migrate(store)
+        api_tokens.add(store, "wayne", GOOD_TOKEN, created_by="bench")
+        store.dispose()
         command = [
             sys.executable,
             "-c",
@@ -107,7 +113,7 @@ def main() -> None:
                     time.sleep(0.2)
             server = psutil.Process(process.pid)
             rows = []
-            for label, token in (("bad token", "not-a-token"), ("good token", "good-token")):
+            for label, token in (("bad token", "not-a-token"), ("good token", GOOD_TOKEN)):
                 runs = [one_request(base, server, args.mb, token) for _ in range(args.runs)]
                 rows.append(
                     {

@@ -30,8 +30,10 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from daedalus.campaigns.spec import load_campaign
+from daedalus.config import Settings
 from daedalus.decisions.schemas import CampaignSubject
 from daedalus.devserver import DevServer
+from daedalus.engines import paths
 from daedalus.ports import free_port
 from daedalus.report import build_report, render_html
 from daedalus.schemas.campaigns import CampaignInput, CampaignStatus, campaign_workflow_id
@@ -146,6 +148,9 @@ def main() -> None:
         "-f", "--file", type=Path, default=ROOT / "examples" / "campaigns" / "local-kv-matrix.yaml"
     )
     args = parser.parse_args()
+    paths.configure(
+        Settings.load().engines
+    )  # the engine cache, from DAEDALUS_ENGINES_CACHE_DIR / DAEDALUS_CACHE_DIR
     result = asyncio.run(run(args.file))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2))

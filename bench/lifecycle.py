@@ -3,21 +3,35 @@
 (a) N ticket lifecycles (no approval, one attempt, build, one gate) whose activities are fakes that return at
     once, registered under the real names (`run_attempt`, `run_build`, `run_gate`, `record_audit_event`,
     `notify_decision_request`),
-    against a bare workflow running the same number of trivial activities on the same queues: same server, same
-    worker process, batches interleaved. The ratio is what TicketWorkflow's own logic costs (goal <= 1.3x).
-(b) 1,000 tickets parked awaiting dispatch approval: the worker process's RSS, then `decide` updates spread over them
-    (through `daedalus.services.decide`, one at a time, each approved ticket run to its end before the next decision
-    so that the round trip is not measured against the backlog of earlier approvals) and its round trip p50/p99
-    (goal p99 <= 100 ms).
+    against a bare workflow running the same number of trivial activities (remote ones on the same queues, local
+    ones where the ticket runs local activities): same server, same worker process, batches interleaved. The
+    ratio is what TicketWorkflow's own logic costs (goal <= 1.3x).
+(b) For each count in --parked (1,000, and 5,000: past temporalio's workflow cache of 1,000 by default), that many
+    tickets parked awaiting dispatch approval on a fresh control worker assembled as `daedalus worker` assembles it
+    (`daedalus.worker.control_worker`: the real audit store on an SQLite file, the real Slack notifier without a
+    token) with fake host activities: the worker process's RSS, then `decide` updates spread over them (through
+    `daedalus.services.decide`), first one at a time, each approved ticket run to its end before the next decision
+    (so the round trip is not measured against the backlog of earlier approvals), then back to back (a decider
+    clearing a channel of approvals). Goal: p99 <= 100 ms both ways.
+    Where the back-to-back time goes is read from the workflow histories: for each decide, client send ->
+    the update's workflow task scheduled -> started by the worker -> completed -> the client has the answer; and
+    after it, how long until the decision and the next transition are in the audit store (what POST /decisions
+    waits for).
 
-The worker runs in a child process (so its RSS is its own), with the fakes. Results: bench/results/lifecycle.json.
-Run: .venv/bin/python bench/lifecycle.py [--tickets 120] [--rounds 6] [--parked 1000] [--decides 250] [--in-memory]
+The worker runs in a child process (so its RSS is its own). Results: bench/results/lifecycle.json (the first
+parked count under plain keys, the others with the count as a suffix: `decide_p99_ms_5000`).
+Run: .venv/bin/python bench/lifecycle.py [--tickets 120] [--rounds 6] [--parked 1000 5000] [--decides 250]
+     [--workflow-cache N] [--compare-remote-audit] [--results PATH] [--in-memory]
+--compare-remote-audit runs the first count again on a worker that leaves the `audit-local-activity` patch off
+(each audit event a remote activity, as before it), on the same server, keys `remote_audit_*`. With
+PYTHONPATH=<another checkout>/src the benchmark measures that checkout's workflows.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import platform
@@ -34,11 +48,13 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 from temporalio import activity
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
-from bare_workflow import BareWorkflow  # bench/ is on sys.path when the script runs
+from bare_workflow import LOCAL, BareWorkflow  # bench/ is on sys.path when the script runs
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -61,7 +77,10 @@ from daedalus.schemas.gates import GateResult, Verdict  # noqa: E402
 from daedalus.schemas.notify import NotifyOutcome, NotifyResult  # noqa: E402
 from daedalus.schemas.steps import AttemptInput, BuildInput, BuildResult, GateInput  # noqa: E402
 from daedalus.schemas.ticket import Decision, DecisionRequest, TicketSpec, TicketStatus  # noqa: E402
+from daedalus.store.database import make_engine, migrate  # noqa: E402
+from daedalus.worker import WorkerConfig, control_worker  # noqa: E402
 from daedalus.workflows.ticket import TicketWorkflow  # noqa: E402
+from daedalus.workflows.trail import AUDIT_LOCAL_ACTIVITY  # noqa: E402
 
 HOST = "bench"
 CONTROL = "bench-control"
@@ -119,25 +138,78 @@ async def noop(n: int) -> int:
     return n
 
 
-async def run_worker(address: str) -> None:
-    """The worker process: TicketWorkflow and the bare workflow on the control queue, fakes on both queues."""
-    client = await Client.connect(address, data_converter=pydantic_data_converter)
-    control = Worker(
-        client,
-        task_queue=CONTROL,
-        workflows=[TicketWorkflow, BareWorkflow],
-        activities=[fake_audit, fake_notify, noop],
-        max_concurrent_activities=50,
-    )
-    host = Worker(
+def host_worker(client: Client) -> Worker:
+    return Worker(
         client,
         task_queue=host_queue(HOST),
         activities=[fake_attempt, fake_build, fake_gate, noop],
         max_concurrent_activities=50,
     )
-    async with control, host:
+
+
+async def run_worker(address: str, store: str | None, workflow_cache: int | None, remote_audit: bool) -> None:
+    """The worker process. Without a store (part a): TicketWorkflow and the bare workflow on the control queue,
+    fakes on both queues. With one (part b): the control worker as `daedalus worker` builds it, on that store."""
+    client = await Client.connect(address, data_converter=pydantic_data_converter)
+    if store is None:
+        control = Worker(
+            client,
+            task_queue=CONTROL,
+            workflows=[TicketWorkflow, BareWorkflow],
+            activities=[fake_audit, fake_notify, noop],
+            max_concurrent_activities=50,
+        )
+    else:
+        engine = make_engine(store)
+        migrate(engine)
+        tmp = Path(store.removeprefix("sqlite:///")).parent
+        config = WorkerConfig(
+            control_queue=CONTROL, hosts=[], workspace_root=tmp / "ws", artifacts=tmp / "artifacts"
+        )
+        # Changed only when asked, so that an older checkout's WorkerConfig runs this too.
+        if workflow_cache is not None:
+            config = dataclasses.replace(config, max_cached_workflows=workflow_cache)
+        if remote_audit:  # the code before the patch: each audit event a remote activity
+            config = dataclasses.replace(config, inactive_patches=frozenset({AUDIT_LOCAL_ACTIVITY}))
+        control = control_worker(client, config, engine)
+    async with control, host_worker(client):
         print("worker ready", flush=True)
         await asyncio.Event().wait()
+
+
+class WorkerProcess:
+    """The worker in a child process of its own, so that its RSS is its own."""
+
+    def __init__(
+        self,
+        address: str,
+        log: Path,
+        store: str | None = None,
+        workflow_cache: int | None = None,
+        remote_audit: bool = False,
+    ):
+        command = [sys.executable, __file__, "--worker", address]
+        if remote_audit:
+            command.append("--remote-audit")
+        if store is not None:
+            command += ["--store", store]
+        if workflow_cache is not None:
+            command += ["--workflow-cache", str(workflow_cache)]
+        self.command, self.log = command, log
+
+    async def __aenter__(self) -> psutil.Process:
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while "worker ready" not in self.log.read_text():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"worker did not start: {self.log.read_text()[-2000:]}")
+            await asyncio.sleep(0.1)
+        return psutil.Process(self.proc.pid)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
 
 
 # ---- the measurements -----------------------------------------------------------------------------------
@@ -163,15 +235,28 @@ def spec(approval: bool) -> TicketSpec:
     )
 
 
+LOCAL_ACTIVITY_MARKER = "core_local_activity"
+
+
+def is_local_activity(event: HistoryEvent) -> bool:
+    return (
+        event.HasField("marker_recorded_event_attributes")
+        and event.marker_recorded_event_attributes.marker_name == LOCAL_ACTIVITY_MARKER
+    )
+
+
 async def ticket_shape(client: Client) -> list[str]:
-    """Run one ticket and read, from its history, the queue of each activity it scheduled, in order."""
+    """Run one ticket and read, from its history, where each activity it ran ran, in order: the task queue of a
+    remote one, `LOCAL` for a local one."""
     handle = await daedalus.file_ticket(client, spec(approval=False), queue=CONTROL)
     assert (await handle.result()).status is TicketStatus.PASSED
-    queues = []
+    shape = []
     async for event in handle.fetch_history_events():
         if event.HasField("activity_task_scheduled_event_attributes"):
-            queues.append(event.activity_task_scheduled_event_attributes.task_queue.name)
-    return queues
+            shape.append(event.activity_task_scheduled_event_attributes.task_queue.name)
+        elif is_local_activity(event):
+            shape.append(LOCAL)
+    return shape
 
 
 async def ticket_batch(client: Client, n: int) -> float:
@@ -215,6 +300,7 @@ async def overhead(client: Client, tickets: int, rounds: int) -> dict[str, Any]:
     return {
         "activities_per_ticket": len(queues),
         "host_activities_per_ticket": sum(1 for q in queues if q == host_queue(HOST)),
+        "local_activities_per_ticket": sum(1 for q in queues if q == LOCAL),
         "tickets": total_tickets,
         "rounds": rounds,
         "ticket_s": round(sum(ticket_s), 3),
@@ -231,9 +317,113 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def ms(value: float) -> float:
+    return round(value * 1000, 2)
+
+
+def seconds(event: HistoryEvent) -> float:
+    return event.event_time.ToMicroseconds() / 1e6
+
+
+def audit_write_ends(events: list[HistoryEvent]) -> list[float]:
+    """When each audit write of a history was complete, as the history shows it: a remote `record_audit_event`'s
+    completion, or a local activity's marker (written when its workflow task completes)."""
+    audit_ids = {
+        e.event_id
+        for e in events
+        if e.HasField("activity_task_scheduled_event_attributes")
+        and e.activity_task_scheduled_event_attributes.activity_type.name == RECORD_AUDIT_EVENT.name
+    }
+    return [
+        seconds(e)
+        for e in events
+        if is_local_activity(e)
+        or (
+            e.HasField("activity_task_completed_event_attributes")
+            and e.activity_task_completed_event_attributes.scheduled_event_id in audit_ids
+        )
+    ]
+
+
+def remote_audit_timings(events: list[HistoryEvent]) -> list[tuple[float, float]]:
+    """(waited for an activity slot, ran) of each remote `record_audit_event` of a history, in seconds."""
+    by_id = {e.event_id: e for e in events}
+    timings = []
+    for e in events:
+        if not e.HasField("activity_task_completed_event_attributes"):
+            continue
+        done = e.activity_task_completed_event_attributes
+        scheduled = by_id[done.scheduled_event_id]
+        if scheduled.activity_task_scheduled_event_attributes.activity_type.name != RECORD_AUDIT_EVENT.name:
+            continue
+        started = by_id[done.started_event_id]
+        timings.append((seconds(started) - seconds(scheduled), seconds(e) - seconds(started)))
+    return timings
+
+
+async def attribute(client: Client, decided: list[tuple[str, float, float]], prefix: str) -> dict[str, Any]:
+    """Where each decide's time went, from its ticket's history (same clock as the client: one machine).
+
+    update: client send -> the workflow task that carries the update is scheduled (server) -> started (waited for
+    a worker's poller/slot) -> completed (the worker ran it) -> the client has the answer. recorded: send -> the
+    decision and the next transition are in the audit store (what POST /decisions waits for)."""
+    phases: dict[str, list[float]] = {
+        k: [] for k in ("to_scheduled", "queued", "worker", "to_client", "recorded", "workflow_tasks")
+    }
+    audit_waits: list[float] = []
+    audit_runs: list[float] = []
+    for ticket_id, sent, answered in decided:
+        handle = client.get_workflow_handle(ticket_workflow_id(ticket_id))
+        events = [e async for e in handle.fetch_history_events()]
+        accepted = next(
+            i
+            for i, e in enumerate(events)
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+        )
+        task: dict[int, float] = {}
+        for e in events[:accepted]:
+            task[e.event_type] = seconds(e)
+        scheduled = task[EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED]
+        started = task[EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED]
+        completed = task[EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED]
+        phases["to_scheduled"].append(scheduled - sent)
+        phases["queued"].append(started - scheduled)
+        phases["worker"].append(completed - started)
+        phases["to_client"].append(answered - completed)
+        after = audit_write_ends(events[accepted:])
+        phases["recorded"].append(after[1] - sent)  # the decided event, then the dispatched transition
+        phases["workflow_tasks"].append(
+            sum(1 for e in events[accepted:] if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
+        )
+        for waited, ran in remote_audit_timings(events[accepted:]):
+            audit_waits.append(waited)
+            audit_runs.append(ran)
+    out: dict[str, Any] = {}
+    for name, values in phases.items():
+        if name == "workflow_tasks":
+            out[f"{prefix}_workflow_tasks_after_decide"] = statistics.median(values)
+            continue
+        out[f"{prefix}_{name}_p50_ms"] = ms(statistics.median(values))
+        out[f"{prefix}_{name}_p99_ms"] = ms(percentile(values, 0.99))
+    if audit_runs:
+        out[f"{prefix}_remote_audit_slot_wait_p50_ms"] = ms(statistics.median(audit_waits))
+        out[f"{prefix}_remote_audit_run_p50_ms"] = ms(statistics.median(audit_runs))
+    return out
+
+
+async def parked_now(client: Client) -> int:
+    return (await client.count_workflows("DaedalusStatus = 'awaiting_approval'")).count
+
+
 async def parked(client: Client, count: int, decides: int, worker: psutil.Process) -> dict[str, Any]:
     rss_before = worker.memory_info().rss
+    load_before = load_average()
     specs = [spec(approval=True) for _ in range(count)]
+    parked_before = await parked_now(client)  # those an earlier part left undecided
     start = time.perf_counter()
     for i in range(0, count, 100):
         await asyncio.gather(*(daedalus.file_ticket(client, s, queue=CONTROL) for s in specs[i : i + 100]))
@@ -241,8 +431,8 @@ async def parked(client: Client, count: int, decides: int, worker: psutil.Proces
     progress(f"filed {count} tickets awaiting approval in {filed_s:.1f}s")
     # Parked = each one has asked for its decision: its DaedalusStatus search attribute says so (1,000 status
     # queries at once would only measure the query path).
-    deadline = time.monotonic() + 240
-    while (waiting := (await client.count_workflows("DaedalusStatus = 'awaiting_approval'")).count) < count:
+    deadline = time.monotonic() + 60 + count * 0.25
+    while (waiting := await parked_now(client) - parked_before) < count:
         if time.monotonic() > deadline:
             raise SystemExit(f"only {waiting} of {count} tickets parked")
         await asyncio.sleep(0.5)
@@ -253,30 +443,34 @@ async def parked(client: Client, count: int, decides: int, worker: psutil.Proces
     chosen = specs[:: max(1, count // decides)]
     half = len(chosen) // 2
     rtts: list[float] = []
+    spaced: list[tuple[str, float, float]] = []
     for s in chosen[:half]:
         decision = Decision(request_id=f"{s.id}-dispatch-1", option="approve", decided_by="wayne")
-        t0 = time.perf_counter()
+        sent, t0 = time.time(), time.perf_counter()
         await daedalus.decide(client, decision, subject=TicketSubject(ticket_id=s.id))
         rtts.append((time.perf_counter() - t0) * 1000)
+        spaced.append((s.id, sent, time.time()))
         # The approved ticket now runs its 10 steps; let it finish (untimed) so the next round trip is measured
         # against the parked tickets, not against the backlog the previous decisions set going.
         await client.get_workflow_handle(ticket_workflow_id(s.id)).result()
     # Then back to back: each approval starts a ticket that competes with the next decision for the 2 cores.
     busy: list[float] = []
+    decided: list[tuple[str, float, float]] = []
     for s in chosen[half:]:
         decision = Decision(request_id=f"{s.id}-dispatch-1", option="approve", decided_by="wayne")
-        t0 = time.perf_counter()
+        sent, t0 = time.time(), time.perf_counter()
         await daedalus.decide(client, decision, subject=TicketSubject(ticket_id=s.id))
         busy.append((time.perf_counter() - t0) * 1000)
+        decided.append((s.id, sent, time.time()))
+    load_after = load_average()
     progress(f"{len(rtts) + len(busy)} decide updates done")
-    await asyncio.sleep(2)
-    closed = await asyncio.gather(*(daedalus.status(client, s.id) for s in specs[:1]))
-    bad = [
-        (st.spec.id, st.status.value, st.decisions, st.pending_decision)
-        for st in closed
-        if not (st.decisions and st.decisions[0].option == "approve")
-    ]
-    assert not bad, bad[:2]
+    states = await asyncio.gather(
+        *(
+            client.get_workflow_handle_for(TicketWorkflow.run, ticket_workflow_id(s.id)).result()
+            for s in chosen
+        )
+    )
+    assert all(st.status is TicketStatus.PASSED for st in states), {st.status for st in states}
     rtts_sorted = sorted(rtts)
     return {
         "parked_tickets": count,
@@ -291,96 +485,135 @@ async def parked(client: Client, count: int, decides: int, worker: psutil.Proces
         "decide_max_ms": round(rtts_sorted[-1], 2),
         "decide_back_to_back_p50_ms": round(statistics.median(busy), 2),
         "decide_back_to_back_p99_ms": round(percentile(busy, 0.99), 2),
+        **await attribute(client, spaced, "spaced"),
+        **await attribute(client, decided, "b2b"),
+        "load_average_before": load_before,
+        "load_average_after": load_after,
     }
 
 
+async def parked_part(
+    client: Client, tmp: Path, count: int, args: argparse.Namespace, remote_audit: bool = False
+) -> dict[str, Any]:
+    """Part (b) for `count` parked tickets, on a fresh control worker and a fresh audit store."""
+    t0 = time.perf_counter()
+    name = f"{count}-remote-audit" if remote_audit else str(count)
+    store = f"sqlite:///{tmp / f'store-{name}' / 'daedalus.db'}"
+    log = tmp / f"worker-{name}.log"
+    async with WorkerProcess(
+        client.service_client.config.target_host, log, store, args.workflow_cache, remote_audit
+    ) as worker:
+        b = await parked(client, count, args.decides, worker)
+    b["part_b_s"] = round(time.perf_counter() - t0, 1)
+    return b
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="daedalus-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="daedalus-bench-") as tmp_dir:
+        tmp = Path(tmp_dir)
         server = DevServer(
-            db_file=None if args.in_memory else Path(tmp) / "temporal.db",
+            db_file=None if args.in_memory else tmp / "temporal.db",
             port=free_port(),
             ui_port=None,
-            log_file=Path(tmp) / "server.log",
+            log_file=tmp / "server.log",
         )
+        result: dict[str, Any] = {"load_average_at_start": load_average()}
         with server:
-            log = Path(tmp) / "worker.log"
-            with log.open("wb") as out:
-                proc = subprocess.Popen(
-                    [sys.executable, __file__, "--worker", server.address],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            try:
-                deadline = time.monotonic() + 60
-                while "worker ready" not in log.read_text():
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        raise SystemExit(f"worker did not start: {log.read_text()[-2000:]}")
-                    await asyncio.sleep(0.1)
-                client = await daedalus.connect(server.address)
-                t0 = time.perf_counter()
-                a = await overhead(client, args.tickets, args.rounds)
-                a_s = time.perf_counter() - t0
-                b = await parked(client, args.parked, args.decides, psutil.Process(proc.pid))
-                b_s = time.perf_counter() - t0 - a_s
-            finally:
-                proc.terminate()
-                proc.wait(10)
+            client = await daedalus.connect(server.address)
+            t0 = time.perf_counter()
+            async with WorkerProcess(server.address, tmp / "worker-a.log"):
+                result.update(await overhead(client, args.tickets, args.rounds))
+            result["part_a_s"] = round(time.perf_counter() - t0, 1)
+            for n, count in enumerate(args.parked):
+                b = await parked_part(client, tmp, count, args)
+                result.update(b if n == 0 else {f"{k}_{count}": v for k, v in b.items()})
+            if args.compare_remote_audit:  # the same part again, on the code before audit writes were local
+                b = await parked_part(client, tmp, args.parked[0], args, remote_audit=True)
+                result.update({f"remote_audit_{k}": v for k, v in b.items()})
     return {
-        **a,
-        **b,
-        "part_a_s": round(a_s, 1),
-        "part_b_s": round(b_s, 1),
+        **result,
+        "workflow_cache": args.workflow_cache or "temporalio's default (1000)",
+        "daedalus_source": str(Path(daedalus.__file__).parents[2]),
         "temporal_store": "dev server, in memory" if args.in_memory else "dev server on a SQLite file",
         "machine": f"{platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}",
     }
 
 
-def show(result: dict[str, Any]) -> None:
-    table = Table(title="TicketWorkflow lifecycle benchmark (fake instant activities)")
+def show(result: dict[str, Any], parked: list[int]) -> None:
+    table = Table(title="TicketWorkflow lifecycle benchmark (fake instant host activities)")
     table.add_column("measure")
     table.add_column("value", justify="right")
     table.add_column("goal")
-    rows = [
-        (
-            "activities per ticket (host queue)",
-            f"{result['activities_per_ticket']} ({result['host_activities_per_ticket']})",
-            "",
-        ),
-        (
-            "tickets / bare workflows",
-            f"{result['tickets']} / {result['tickets']} in {result['rounds']} interleaved rounds",
-            "",
-        ),
-        ("ticket lifecycles, total s", f"{result['ticket_s']:.2f}", ""),
-        ("bare workflows, total s", f"{result['bare_s']:.2f}", ""),
-        ("overhead ratio (ticket / bare)", f"{result['overhead_ratio']:.3f}x", "<= 1.3x"),
-        ("per-round ratios", " ".join(f"{r:.2f}" for r in result["round_ratios"]), ""),
-        ("tickets/s", f"{result['tickets_per_s']:.1f}", ""),
-        (
-            "parked tickets (filed in / all parked in)",
-            f"{result['parked_tickets']} ({result['file_s']}s / {result['all_parked_s']}s)",
-            "",
-        ),
-        (
-            "worker RSS before / parked, MB",
-            f"{result['worker_rss_before_mb']} / {result['parked_worker_rss_mb']}",
-            "",
-        ),
-        ("RSS per parked ticket, KB", f"{result['rss_per_parked_ticket_kb']}", ""),
-        (
-            "decide round trip p50 / p99 / max, ms",
-            f"{result['decide_p50_ms']} / {result['decide_p99_ms']} / {result['decide_max_ms']}",
-            "p99 <= 100 ms",
-        ),
-        (
-            "decide back to back (approvals pile up) p50 / p99, ms",
-            f"{result['decide_back_to_back_p50_ms']} / {result['decide_back_to_back_p99_ms']}",
-            "p99 <= 100 ms",
-        ),
-    ]
-    for row in rows:
-        table.add_row(*row)
-    Console().print(table)
+    table.add_row(
+        "activities per ticket (host queue, local)",
+        f"{result['activities_per_ticket']} ({result['host_activities_per_ticket']}, "
+        f"{result['local_activities_per_ticket']})",
+        "",
+    )
+    table.add_row(
+        "tickets / bare workflows", f"{result['tickets']} each in {result['rounds']} interleaved rounds", ""
+    )
+    table.add_row(
+        "ticket lifecycles / bare workflows, total s",
+        f"{result['ticket_s']:.2f} / {result['bare_s']:.2f}",
+        "",
+    )
+    table.add_row("overhead ratio (ticket / bare)", f"{result['overhead_ratio']:.3f}x", "<= 1.3x")
+    table.add_row("per-round ratios", " ".join(f"{r:.2f}" for r in result["round_ratios"]), "")
+    parts = [(f"{count} parked", count, n == 0) for n, count in enumerate(parked)]
+    if "remote_audit_parked_tickets" in result:
+        parts.append((f"{parked[0]} parked, audit events as remote activities (before)", parked[0], False))
+    for title, count, plain in parts:
+        if plain:
+            r = result
+        elif title.endswith("(before)"):
+            r = {
+                k.removeprefix("remote_audit_"): v for k, v in result.items() if k.startswith("remote_audit_")
+            }
+        else:
+            r = {k.removesuffix(f"_{count}"): v for k, v in result.items() if k.endswith(f"_{count}")}
+        rows = [
+            ("filed in / all parked in, s", f"{r['file_s']} / {r['all_parked_s']}", ""),
+            (
+                "worker RSS before / parked, MB",
+                f"{r['worker_rss_before_mb']} / {r['parked_worker_rss_mb']}",
+                "",
+            ),
+            ("RSS per parked ticket, KB", f"{r['rss_per_parked_ticket_kb']}", ""),
+            (
+                "decide one at a time p50 / p99 / max, ms",
+                f"{r['decide_p50_ms']} / {r['decide_p99_ms']} / {r['decide_max_ms']}",
+                "p99 <= 100 ms",
+            ),
+            (
+                "  send -> decision recorded p50 / p99, ms",
+                f"{r['spaced_recorded_p50_ms']} / {r['spaced_recorded_p99_ms']}",
+                "",
+            ),
+            (
+                "decide back to back p50 / p99, ms",
+                f"{r['decide_back_to_back_p50_ms']} / {r['decide_back_to_back_p99_ms']}",
+                "p99 <= 100 ms",
+            ),
+            (
+                "  send->scheduled / queued / worker / ->client, p50 ms",
+                f"{r['b2b_to_scheduled_p50_ms']} / {r['b2b_queued_p50_ms']} / {r['b2b_worker_p50_ms']} / "
+                f"{r['b2b_to_client_p50_ms']}",
+                "",
+            ),
+            (
+                "  send -> decision recorded p50 / p99, ms",
+                f"{r['b2b_recorded_p50_ms']} / {r['b2b_recorded_p99_ms']}",
+                "",
+            ),
+            ("  workflow tasks after the decide", f"{r['b2b_workflow_tasks_after_decide']}", ""),
+            ("load average before / after", f"{r['load_average_before']} / {r['load_average_after']}", ""),
+        ]
+        table.add_section()
+        table.add_row(f"[bold]{title}[/bold]", "", "")
+        for row in rows:
+            table.add_row(*row)
+    Console(width=140).print(table)
 
 
 if __name__ == "__main__":
@@ -389,18 +622,36 @@ if __name__ == "__main__":
     )
     parser.add_argument("--tickets", type=int, default=120)
     parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--parked", type=int, default=1000)
+    parser.add_argument("--parked", type=int, nargs="+", default=[1000, 5000])
     parser.add_argument(
         "--decides", type=int, default=250, help="decide updates timed, spread over the parked"
     )
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where the JSON goes")
     parser.add_argument("--in-memory", action="store_true", help="dev server without its SQLite file")
+    parser.add_argument(
+        "--workflow-cache",
+        type=int,
+        help="the control worker's workflow cache (default: its setting's default)",
+    )
     parser.add_argument("--worker", metavar="ADDRESS", help=argparse.SUPPRESS)
+    parser.add_argument("--store", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--remote-audit", action="store_true", help=argparse.SUPPRESS
+    )  # the worker leaves the audit-local-activity patch off
+    parser.add_argument(
+        "--compare-remote-audit",
+        action="store_true",
+        help="run the first parked count again with audit events as remote activities (the code before "
+        "the audit-local-activity patch), on the same server: keys remote_audit_*",
+    )
     arguments = parser.parse_args()
     if arguments.worker:
-        asyncio.run(run_worker(arguments.worker))
+        asyncio.run(
+            run_worker(arguments.worker, arguments.store, arguments.workflow_cache, arguments.remote_audit)
+        )
         raise SystemExit(0)
     outcome = asyncio.run(main(arguments))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(outcome, indent=2) + "\n")
-    show(outcome)
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    arguments.results.parent.mkdir(parents=True, exist_ok=True)
+    arguments.results.write_text(json.dumps(outcome, indent=2) + "\n")
+    show(outcome, arguments.parked)
+    print(f"wrote {arguments.results}")

@@ -56,6 +56,8 @@ from daedalus.hosts.leases import (
 )
 from daedalus.ids import host_queue
 from daedalus.ports import free_port
+from daedalus.store import tokens as api_tokens
+from daedalus.store.database import make_engine, migrate
 from daedalus.workflows.leased_step import LeasedStepWorkflow
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,6 +66,8 @@ GPU_JOB = ROOT / "bench" / "gpu_job.py"
 DAEDALUS = str(Path(sys.executable).parent / "daedalus")
 HOSTS = ["pool-a", "pool-b", "pool-c"]
 CONTROL_QUEUE = "pool-control"
+BENCH_TOKEN = "dtk_0000be0c_" + "b" * 43
+"""The API token the scenario calls with; its hash goes into the pool's store."""
 
 
 def registry(tmp: Path) -> dict[str, Any]:
@@ -108,8 +112,11 @@ class Pool:
             "DAEDALUS_HOME": str(tmp / "home"),
             "DAEDALUS_HOSTS_FILE": str(tmp / "hosts.yaml"),
             "DAEDALUS_CONTROL_QUEUE": CONTROL_QUEUE,
-            "DAEDALUS_API_TOKENS": json.dumps({"bench-token": "lead"}),
         }
+        store = make_engine(f"sqlite:///{tmp / 'home' / 'daedalus.db'}")
+        migrate(store)
+        api_tokens.add(store, "lead", BENCH_TOKEN, created_by="bench")
+        store.dispose()
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.server: DevServer | None = None
         self.api_port = free_port()
@@ -332,13 +339,13 @@ async def scenario(pool: Pool, quick: bool) -> dict[str, Any]:
     for host in HOSTS:
         await wait_for(f"lease keeper {host}", lambda host=host: holder.keeper_state(client, host))
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{pool.api_port}") as api:
-        headers = {"Authorization": "Bearer bench-token"}
+        headers = {"Authorization": f"Bearer {BENCH_TOKEN}"}
         await wait_for("the API", lambda: _ok(api.get("/tickets", headers=headers)))
     start_tenant(pool.tmp)
     ledger = pool.tmp / "ledger.jsonl"
     steps = Steps(client, ledger)
     api = httpx.AsyncClient(base_url=f"http://127.0.0.1:{pool.api_port}", timeout=30)
-    headers = {"Authorization": "Bearer bench-token"}
+    headers = {"Authorization": f"Bearer {BENCH_TOKEN}"}
     gates = 6 if quick else 24
     rounds = 2 if quick else 4
     # The victim: a step on GPU 1 whose worker is SIGKILLed while it runs (short ttl so the lease expires soon;

@@ -31,7 +31,7 @@ POSTGRES_URL = os.environ.get(
 @pytest.fixture(scope="session")
 def temporal_server() -> Iterator[DevServer]:
     """A headless dev server with an in-memory store, shared by the whole session."""
-    with DevServer(db_file=None, port=free_port(), ui_port=None) as server:
+    with DevServer(db_file=None, port=free_port(), ui_port=None, die_with_parent=True) as server:
         yield server
 
 

@@ -36,7 +36,7 @@ def test_defaults_need_no_environment(tmp_path: Path) -> None:
     assert (
         settings.temporal.target == "127.0.0.1:7233" and settings.temporal.control_queue == "daedalus-control"
     )
-    assert settings.slack.bot_token is None and not settings.slack.posting and settings.api.tokens == {}
+    assert settings.slack.bot_token is None and not settings.slack.posting and settings.api.url is None
     assert settings.agent.codex_bin == "codex" and settings.engines.cache_dir.name == ".cache"
 
 
@@ -50,7 +50,11 @@ def test_the_documented_variables_fill_their_sections(
         "DAEDALUS_SLACK_BOT_TOKEN": "xoxb-1",
         "DAEDALUS_SLACK_CHANNEL": "C0DECISIONS",
         "DAEDALUS_SLACK_USERS": '{"U123": "Wayne"}',
-        "DAEDALUS_API_TOKENS": '{"s3cret": "wayne"}',
+        "DAEDALUS_API_URL": "https://daedalus.example:8000/",
+        "DAEDALUS_API_TOKEN": "dtk_s3cret",
+        "DAEDALUS_TEMPORAL_TLS_CLIENT_CERT": "/etc/daedalus/client.pem",
+        "DAEDALUS_TEMPORAL_TLS_CLIENT_KEY": "/etc/daedalus/client.key",
+        "DAEDALUS_TEMPORAL_API_KEY": "temporal-key",
         "DAEDALUS_API_UPDATE_TIMEOUT_S": "7.5",
         "DAEDALUS_AGENT_CODEX_BIN": "/opt/codex",
         "DAEDALUS_AGENT_CODEX_ARGS": '["--sandbox", "read-only"]',
@@ -67,7 +71,10 @@ def test_the_documented_variables_fill_their_sections(
     assert s.temporal.ui_port == 9233
     assert s.slack.bot_token is not None and s.slack.bot_token.get_secret_value() == "xoxb-1"
     assert s.slack.posting and s.slack.users == {"U123": "wayne"}
-    assert s.api.tokens == {"s3cret": "wayne"} and s.api.update_timeout_s == 7.5
+    assert s.api.url == "https://daedalus.example:8000" and s.api.update_timeout_s == 7.5
+    assert s.api.token is not None and s.api.token.get_secret_value() == "dtk_s3cret"
+    assert s.temporal.tls_client_cert == Path("/etc/daedalus/client.pem")
+    assert s.temporal.api_key is not None and s.temporal.api_key.get_secret_value() == "temporal-key"
     assert s.agent.codex_bin == "/opt/codex" and s.agent.codex_args == ["--sandbox", "read-only"]
     assert s.agent.openai_api_key is not None and s.agent.openai_api_key.get_secret_value() == "sk-openai"
     assert s.engines.cache_dir == tmp_path / "cache"
@@ -88,13 +95,13 @@ def test_a_dot_env_file_is_read_and_the_environment_overrides_it(
     (tmp_path / ".env").write_text(
         "DAEDALUS_SLACK_BOT_TOKEN=xoxb-from-file\n"
         "DAEDALUS_SLACK_CHANNEL=C0FILE\n"
-        'DAEDALUS_API_TOKENS={"t1": "lead"}\n'
+        "DAEDALUS_API_URL=http://api.example\n"
         "DAEDALUS_CACHE_DIR=/srv/cache\n"
         "ANTHROPIC_API_KEY=sk-ant-file\n"
     )
     s = Settings.load()
     assert s.slack.bot_token is not None and s.slack.bot_token.get_secret_value() == "xoxb-from-file"
-    assert s.slack.channel == "C0FILE" and s.api.tokens == {"t1": "lead"}
+    assert s.slack.channel == "C0FILE" and s.api.url == "http://api.example"
     assert s.engines.cache_dir == Path("/srv/cache")
     assert (
         s.agent.anthropic_api_key is not None
@@ -120,7 +127,9 @@ def test_a_dot_env_file_is_read_and_the_environment_overrides_it(
         ("DAEDALUS_TEMPORAL_UI_PORT", "nine", "DAEDALUS_TEMPORAL_UI_PORT (or DAEDALUS_UI_PORT): Input should be a valid integer"),
         ("DAEDALUS_UI_PORT", "70000", "DAEDALUS_TEMPORAL_UI_PORT (or DAEDALUS_UI_PORT): Input should be less than or equal to 65535"),
         ("DAEDALUS_SLACK_USERS", '{"U1": "no way"}', "DAEDALUS_SLACK_USERS: DAEDALUS_SLACK_USERS maps to names that are not Daedalus people: ['no way']"),
-        ("DAEDALUS_API_TOKENS", "s3cret=wayne", "DAEDALUS_API_TOKENS: not JSON"),
+        ("DAEDALUS_API_TOKENS", '{"s3cret": "wayne"}', "DAEDALUS_API_TOKENS (a plaintext token map) is no longer read: API tokens are now stored hashed in the store. To convert: for each person in the old map run `daedalus token create --person <person>`"),
+        ("DAEDALUS_API_URL", "daedalus:8000", "DAEDALUS_API_URL: must start with http:// or https://"),
+        ("DAEDALUS_TEMPORAL_TLS_CLIENT_CERT", "/x.pem", "mTLS needs both DAEDALUS_TEMPORAL_TLS_CLIENT_CERT and DAEDALUS_TEMPORAL_TLS_CLIENT_KEY"),
         ("DAEDALUS_AGENT_LEAD_PROVIDER", "gemini", "DAEDALUS_AGENT_LEAD_PROVIDER: String should match pattern"),
         ("DAEDALUS_SLACK_CHANEL", "C0TYPO", "DAEDALUS_SLACK_CHANEL: Extra inputs are not permitted"),
     ],
@@ -175,3 +184,13 @@ def test_the_embedded_servers_sqlite_sync_is_a_setting(
     chosen = Settings.load().temporal.sqlite_synchronous
     command = DevServer(db_file=tmp_path / "t.db", port=1, ui_port=None, synchronous=chosen).command()
     assert "synchronous=full" in command and "journal_mode=wal" in command
+
+
+def test_the_control_workers_workflow_cache_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More parked tickets than the cache pay a replay per decision; the cache size is the operator's choice."""
+    assert WorkerConfig.from_settings(Settings.load(), hosts=[]).max_cached_workflows == 1000
+    monkeypatch.setenv("DAEDALUS_TEMPORAL_WORKFLOW_CACHE", "6000")
+    assert WorkerConfig.from_settings(Settings.load(), hosts=[]).max_cached_workflows == 6000
+    monkeypatch.setenv("DAEDALUS_TEMPORAL_WORKFLOW_CACHE", "0")
+    with pytest.raises(BadSettings, match=r"DAEDALUS_TEMPORAL_WORKFLOW_CACHE: Input should be greater than"):
+        Settings.load()

@@ -5,11 +5,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from daedalus.decisions.policy import load_policy, resolve_ticket, resolve_training
 from daedalus.engines.presets import load_preset
 from daedalus.errors import TicketError
+from daedalus.hosts.registry import load_registry
 from daedalus.schemas.engines import VllmPreset
 from daedalus.schemas.training import TrainingRunSpec
-from daedalus.services import load_spec
+from daedalus.services import load_run_spec, load_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -87,6 +89,18 @@ def test_preset_examples_validate(path: Path) -> None:
 @pytest.mark.parametrize("path", sorted((EXAMPLES / "training").glob("*.yaml")), ids=lambda p: p.name)
 def test_training_examples_validate(path: Path) -> None:
     TrainingRunSpec.model_validate(yaml.safe_load(path.read_text()))
+
+
+def test_the_example_policy_lets_every_example_be_filed_and_approved_by_someone_else() -> None:
+    """The lead files the example tickets, wayne starts the example runs: each waits for a dispatch that
+    someone other than its filer may approve (wayne for the lead's tickets, the lead for wayne's runs)."""
+    policy = load_policy(EXAMPLES / "policy.yaml", load_registry(EXAMPLES / "hosts.yaml"))
+    for path in sorted((EXAMPLES / "tickets").glob("*.yaml")):
+        spec, rule = resolve_ticket(policy, load_spec(path), "lead")
+        assert rule.required and rule.excluded == ["lead"] and spec.approval.deciders == ["wayne"], path.name
+    for path in sorted((EXAMPLES / "training").glob("*.yaml")):
+        run, rule = resolve_training(policy, load_run_spec(path), "wayne")
+        assert rule.required and run.approval.delegates["dispatch"] == ["lead"], path.name
 
 
 @pytest.mark.parametrize(

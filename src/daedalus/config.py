@@ -6,10 +6,12 @@ import this module. Each section is a plain pydantic model owned by its domain a
 `DAEDALUS_<SECTION>_<FIELD>`:
 
     home, host, artifacts   DAEDALUS_HOME, DAEDALUS_HOST, DAEDALUS_ARTIFACTS
+    hosts_file, policy_file DAEDALUS_HOSTS_FILE, DAEDALUS_POLICY_FILE
     database                DAEDALUS_DATABASE_URL
-    temporal                DAEDALUS_TEMPORAL_ADDRESS, _PORT, _UI_PORT, _NAMESPACE, _CONTROL_QUEUE
+    temporal                DAEDALUS_TEMPORAL_ADDRESS, _PORT, _UI_PORT, _NAMESPACE, _CONTROL_QUEUE,
+                            _TLS, _TLS_SERVER_CA, _TLS_CLIENT_CERT, _TLS_CLIENT_KEY, _TLS_SERVER_NAME, _API_KEY
     agent                   DAEDALUS_AGENT_* (daedalus.agents.settings)
-    api                     DAEDALUS_API_TOKENS, DAEDALUS_API_UPDATE_TIMEOUT_S (daedalus.api.settings)
+    api                     DAEDALUS_API_UPDATE_TIMEOUT_S; for the CLI DAEDALUS_API_URL, _TOKEN (daedalus.api.settings)
     slack                   DAEDALUS_SLACK_* (daedalus.slack.settings)
     engines                 DAEDALUS_ENGINES_CACHE_DIR, DAEDALUS_ENGINES_LLAMA_CPP_PYTHON_VERSION
 
@@ -23,7 +25,15 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     DotEnvSettingsSource,
@@ -32,6 +42,7 @@ from pydantic_settings import (
     SettingsConfigDict,
     SettingsError,
 )
+from temporalio.service import TLSConfig
 
 from daedalus.agents.settings import AgentSettings
 from daedalus.api.settings import ApiSettings
@@ -83,6 +94,12 @@ class TemporalSettings(BaseModel):
     ui_port: int = Field(default=8233, ge=1, le=65535, description="the embedded dev server's Web UI")
     namespace: str = "default"
     control_queue: str = Field(default=CONTROL_QUEUE, min_length=1)
+    workflow_cache: int = Field(
+        default=1000,
+        ge=1,
+        description="workflows the control worker keeps in memory (about 0.2 MB each); one that is not is "
+        "replayed from its history when it next has work",
+    )
     sqlite_synchronous: SqliteSynchronous = Field(
         default="normal",
         description="the embedded server's SQLite sync: normal survives a process crash, full also a power loss",
@@ -92,6 +109,63 @@ class TemporalSettings(BaseModel):
     def target(self) -> str:
         """Where clients and workers connect."""
         return self.address or f"127.0.0.1:{self.port}"
+
+    # --- Identity: only Daedalus's services reach a production frontend (README, "Closing Temporal") ---
+    tls: bool = Field(default=False, description="connect with TLS (implied by every tls_* file and api_key)")
+    tls_server_ca: Path | None = Field(
+        default=None,
+        description="PEM root CA the frontend's certificate is checked against; None = system CAs",
+    )
+    tls_client_cert: Path | None = Field(default=None, description="PEM client certificate for mTLS")
+    tls_client_key: Path | None = Field(default=None, description="PEM private key of tls_client_cert")
+    tls_server_name: str | None = Field(
+        default=None, description="the name the frontend's certificate carries, when not the address's host"
+    )
+    api_key: SecretStr | None = Field(
+        default=None, description="a Temporal Cloud API key, sent with every call (TLS is implied)"
+    )
+
+    @field_validator(
+        "tls_server_ca", "tls_client_cert", "tls_client_key", "tls_server_name", "api_key", mode="before"
+    )
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return None if value == "" else value  # docker-compose passes `${VAR:-}` through as ""
+
+    @model_validator(mode="after")
+    def _client_cert_with_key(self) -> TemporalSettings:
+        if (self.tls_client_cert is None) != (self.tls_client_key is None):
+            raise ValueError(
+                "mTLS needs both DAEDALUS_TEMPORAL_TLS_CLIENT_CERT and DAEDALUS_TEMPORAL_TLS_CLIENT_KEY "
+                "(a certificate and its private key, PEM)"
+            )
+        return self
+
+    def connection(self) -> dict[str, Any]:
+        """`Client.connect` keyword arguments for TLS, mTLS and an API key; the PEM files are read here."""
+        api_key = self.api_key.get_secret_value() if self.api_key else None
+        pem = (self.tls_server_ca, self.tls_client_cert, self.tls_client_key)
+        if not any(pem) and self.tls_server_name is None:
+            return {"tls": self.tls or api_key is not None, "api_key": api_key}
+        ca, cert, key = (
+            _read_pem(path, f"DAEDALUS_TEMPORAL_{name}")
+            for path, name in zip(pem, ("TLS_SERVER_CA", "TLS_CLIENT_CERT", "TLS_CLIENT_KEY"), strict=True)
+        )
+        tls = TLSConfig(
+            server_root_ca_cert=ca, domain=self.tls_server_name, client_cert=cert, client_private_key=key
+        )
+        return {"tls": tls, "api_key": api_key}
+
+
+def _read_pem(path: Path | None, variable: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise BadSettings(
+            f"cannot read {path}, named by {variable} ({error.strerror}); fix {variable}"
+        ) from error
 
 
 class _LegacyNames(PydanticBaseSettingsSource):
@@ -139,6 +213,12 @@ class Settings(BaseSettings):
         default=Path(__file__).resolve().parents[2] / "examples" / "hosts.yaml",
         description="the host registry (hosts.yaml); the demo's is examples/hosts.yaml",
     )
+    policy_file: Path | None = Field(
+        default=None,
+        description="the server's policy (policy.yaml: people, roles, host operators, standing delegations); "
+        "None = a single-user stack where a spec's own approval rules are trusted; the demo's is "
+        "examples/policy.yaml",
+    )
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     temporal: TemporalSettings = Field(default_factory=TemporalSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
@@ -146,7 +226,7 @@ class Settings(BaseSettings):
     slack: SlackSettings = Field(default_factory=SlackSettings)
     engines: EngineSettings = Field(default_factory=EngineSettings)
 
-    @field_validator("home", "artifacts", "hosts_file")
+    @field_validator("home", "artifacts", "hosts_file", "policy_file")
     @classmethod
     def _absolute(cls, path: Path | None) -> Path | None:
         # Worktrees and git run from other directories: a relative path would point somewhere else there.

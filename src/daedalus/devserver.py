@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -18,7 +20,7 @@ from temporalio.client import Client
 
 from daedalus.errors import DevServerError
 from daedalus.ports import port_is_open
-from daedalus.schemas.search_attributes import SEARCH_ATTRIBUTES
+from daedalus.schemas.search_attributes import SEARCH_ATTRIBUTES, registration
 
 SqliteSynchronous = Literal["off", "normal", "full", "extra"]
 """SQLite's `synchronous` pragma for the embedded server's file: what a power loss may cost."""
@@ -35,6 +37,20 @@ def temporal_binary() -> Path:
     return Path(found)
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def _kill_me_with_parent(parent: int) -> Callable[[], None]:
+    """A preexec hook (runs in the child before exec): SIGKILL when the parent dies; exit at once if it already has."""
+
+    def hook() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return hook
+
+
 class DevServer:
     """`temporal server start-dev` in its own process group, with Daedalus's search attributes registered."""
 
@@ -45,8 +61,12 @@ class DevServer:
         ui_port: int | None,
         log_file: Path | None = None,
         synchronous: SqliteSynchronous = "normal",
+        die_with_parent: bool = False,
     ):
+        """`die_with_parent`: the kernel kills the server when the thread that started it dies, even by SIGKILL
+        (a test session killed from outside); the server runs in its own process group, so nothing else would."""
         self.db_file = db_file
+        self.die_with_parent = die_with_parent
         self.synchronous = synchronous
         self.port = port
         self.ui_port = ui_port
@@ -76,7 +96,7 @@ class DevServer:
         else:
             cmd += ["--ui-port", str(self.ui_port)]
         for key in SEARCH_ATTRIBUTES:
-            cmd += ["--search-attribute", f"{key.name}=Keyword"]
+            cmd += ["--search-attribute", registration(key)]
         return cmd
 
     def start(self, timeout_s: float = 60.0) -> DevServer:
@@ -94,6 +114,7 @@ class DevServer:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=_kill_me_with_parent(os.getpid()) if self.die_with_parent else None,
         )
         deadline = time.monotonic() + timeout_s
         while not port_is_open(self.port):

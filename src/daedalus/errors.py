@@ -5,7 +5,8 @@ The tree says what kind of trouble it is, and so what a person does about it:
     DaedalusError                     root; `retryable` is stated once per class
     ├── InputError                    what was filed or asked is wrong: fix it and file again
     │   ├── TicketError               a request refused at the client (CLI, API, Slack, demo)
-    │   │   └── UnknownRequest        a decision for a request no ticket, training run or campaign asked
+    │   │   ├── UnknownRequest        a decision for a request no ticket, training run or campaign asked
+    │   │   └── NotAllowed            the server's policy gives the person no authority for what they asked
     │   ├── TrainingInputError        a training run that cannot start as filed
     │   ├── PresetError               a preset file is missing or invalid (also an EngineError)
     │   ├── UnsupportedMetric         a gate metric no engine measurement produces (also an EngineError)
@@ -17,6 +18,7 @@ The tree says what kind of trouble it is, and so what a person does about it:
     │   ├── AgentConfigError          a coding agent cannot start as configured (binary, key, model)
     │   ├── LeadUnavailable           the lead agent has no provider to ask
     │   ├── RegistryError             hosts.yaml is missing or invalid, or lacks what is asked of it
+    │   ├── PolicyFileError           policy.yaml is missing or invalid
     │   ├── EngineRepoUnavailable     an engine repo cannot be reached from the host, or lacks the commit
     │   ├── BundleError               an offline host bundle cannot be built or installed
     │   └── SandboxError              the agent sandbox cannot be set up as asked
@@ -148,6 +150,11 @@ class UnknownRequest(TicketError):
     """A decision for a request no ticket, training run or campaign asked."""
 
 
+class NotAllowed(TicketError):
+    """The server's policy (policy.yaml) gives the person no authority for what they asked, or a spec tried to
+    give them more than the policy does; the message says who may, or what to change."""
+
+
 class TrainingInputError(InputError):
     """A run that cannot start as filed: the message says what to change."""
 
@@ -184,6 +191,10 @@ class RegistryError(SetupError):
     """hosts.yaml is missing or invalid, or names something it does not declare; the message says where."""
 
 
+class PolicyFileError(SetupError):
+    """policy.yaml is missing or invalid, or names a host the registry does not declare; the message says where."""
+
+
 class EngineRepoUnavailable(SetupError):
     """The engine repo cannot be reached from this host, or lacks the commit; the message says what to fix."""
 
@@ -214,6 +225,11 @@ class EngineError(DaedalusError):
     benchmark that broke half-way is reported INVALID by its gate rather than repeated behind its back."""
 
 
+class EngineSetupError(EngineError):
+    """The worker is not set up to run this engine (no build, no model file, the port taken, vLLM missing):
+    a fault of the host's setup that says what to install or free, never a finding about the preset."""
+
+
 class BuildError(EngineError):
     """CMake failed; the message carries the tail of the build log."""
 
@@ -230,7 +246,7 @@ class ApiError(EngineError):
     """The server answered an OpenAI-compatible request with an error, or with something unreadable."""
 
 
-class GpuUnavailable(EngineError):
+class GpuUnavailable(EngineSetupError):
     """The measurement needs a GPU (torch with CUDA, or NVML) that this host does not have."""
 
 

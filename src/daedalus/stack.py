@@ -85,7 +85,7 @@ async def running_stack(
             "temporal dev server started", address=server.address, ui=f"http://localhost:{temporal.ui_port}"
         )
     try:
-        client = await connect(temporal.target, temporal.namespace)
+        client = await connect(temporal.target, temporal.namespace, **temporal.connection())
         engine = None
         if control:
             engine = make_engine(settings.store_url)

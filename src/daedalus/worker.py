@@ -60,6 +60,9 @@ class WorkerConfig:
     workspace_root: Path
     artifacts: Path
     max_concurrent_activities: int = 50
+    max_cached_workflows: int = 1000
+    """Workflows the control worker keeps in memory; a workflow not in it is rebuilt from its history (a replay)
+    when it next has work: a decision on one of more parked tickets than this pays that replay."""
     slack: SlackSettings = field(default_factory=SlackSettings)
     """The default has no token: notifications are off (tests never reach Slack)."""
     agent: AgentSettings = field(default_factory=AgentSettings)
@@ -67,6 +70,9 @@ class WorkerConfig:
     """The engine cache; None leaves the process's as its entry point configured it (a test session's)."""
     fail_workflows_on_bugs: bool = False
     """Tests set this so a workflow bug fails the run at once instead of retrying its task forever."""
+    inactive_patches: frozenset[str] = frozenset()
+    """`workflow.patched` ids this worker does not switch on for new workflows (they keep the old commands): during
+    a rolling deploy, until every worker knows the patch; and for measuring a change against the code before it."""
 
     @classmethod
     def from_settings(cls, settings: Settings, hosts: Sequence[str]) -> WorkerConfig:
@@ -78,6 +84,7 @@ class WorkerConfig:
             slack=settings.slack,
             agent=settings.agent,
             engines=settings.engines,
+            max_cached_workflows=settings.temporal.workflow_cache,
         )
 
 
@@ -106,6 +113,10 @@ def control_worker(client: Client, config: WorkerConfig, engine: Engine) -> Work
         ],
         workflow_failure_exception_types=[Exception] if config.fail_workflows_on_bugs else [],
         max_concurrent_activities=config.max_concurrent_activities,
+        max_cached_workflows=config.max_cached_workflows,
+        patch_activation_callback=(
+            (lambda patch: patch.patch_id not in config.inactive_patches) if config.inactive_patches else None
+        ),
     )
 
 

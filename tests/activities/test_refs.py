@@ -13,6 +13,7 @@ from daedalus.activities.attempts import AttemptActivities
 from daedalus.activities.audit import AuditActivities
 from daedalus.activities.builds import BuildActivities
 from daedalus.activities.gates import GateActivities
+from daedalus.activities.lessons import LessonActivities
 from daedalus.activities.notify import NotifyActivities
 from daedalus.activities.refs import WORKFLOW_ACTIVITIES, ActivityRef
 from daedalus.activities.training import TrainingActivities
@@ -25,6 +26,8 @@ DEFINITIONS: list[Callable[..., Any]] = [
     NotifyActivities.notify_decision_request,
     TrainingActivities.supervise_training,
     TrainingActivities.training_host_report,
+    LessonActivities.record_lessons,
+    LessonActivities.lessons_for,
 ]
 
 
@@ -44,4 +47,4 @@ def test_declared_types_match_the_definition(ref: ActivityRef[Any, Any]) -> None
     [fn] = [fn for fn in DEFINITIONS if definition(fn).name == ref.name]
     found = definition(fn)
     assert found.arg_types is not None and found.arg_types[-1:] == [ref.input]
-    assert found.ret_type is ref.output
+    assert found.ret_type == ref.output  # == : list[str] is a new alias object each time it is written

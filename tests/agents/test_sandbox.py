@@ -39,7 +39,7 @@ from tests.support import make_engine_repo
 
 SECRETS = {
     "DAEDALUS_SLACK_BOT_TOKEN": "xoxb-slack-secret-4711",
-    "DAEDALUS_API_TOKENS": '{"api-secret-4712": "wayne"}',
+    "DAEDALUS_API_TOKEN": "dtk_0000abcd_api-secret-4712",
     "OPENAI_API_KEY": "sk-openai-secret-4713",
     "ANTHROPIC_API_KEY": "sk-ant-secret-4714",
 }
@@ -334,7 +334,7 @@ def test_cli_agents_get_only_their_own_provider_key(tmp_path: Path, monkeypatch:
     assert claude["ANTHROPIC_API_KEY"] == SECRETS["ANTHROPIC_API_KEY"]
     for env, foreign in ((codex, "ANTHROPIC_API_KEY"), (claude, "OPENAI_API_KEY")):
         values = set(env.values())
-        for name in ("DAEDALUS_SLACK_BOT_TOKEN", "DAEDALUS_API_TOKENS", foreign):
+        for name in ("DAEDALUS_SLACK_BOT_TOKEN", "DAEDALUS_API_TOKEN", foreign):
             assert SECRETS[name] not in values
 
 

@@ -15,7 +15,7 @@ from daedalus.schemas.audit import AuditEvent, AuditKind, AuditRecord
 from daedalus.slack.settings import SlackSettings
 from daedalus.store.database import session_scope
 from daedalus.store.records import apply
-from tests.api.conftest import TOKENS, as_
+from tests.api.conftest import as_, install_tokens
 
 T0 = datetime(2025, 3, 1, 9, 0, tzinfo=UTC)
 
@@ -45,11 +45,12 @@ async def test_audit_filters_by_ticket_actor_and_time(temporal_client: Client, s
     ]
     with session_scope(store_engine) as session:
         assert all(apply(session=session, record=r) for r in records)
+    install_tokens(store_engine)
     app = create_app(
         client=temporal_client,
         engine=store_engine,
         control_queue="unused",
-        settings=ApiSettings(tokens=TOKENS),
+        settings=ApiSettings(),
         slack=SlackSettings(),
     )
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://daedalus") as api:

@@ -8,7 +8,6 @@ operation and mode keep this under a minute.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from schemathesis import APIOperation, Case, GenerationMode
 
 from daedalus.devserver import DevServer
 from daedalus.ports import free_port
-from tests.api.conftest import SIGNING_SECRET, TOKENS, as_
+from tests.api.conftest import SIGNING_SECRET, as_, install_tokens_under
 
 PERSON_FIELDS = ("decided_by", "amended_by", "requested_by", "granted_by")
 EXAMPLES = 8
@@ -38,10 +37,10 @@ def served_api(temporal_server: DevServer, tmp_path: Path, task_queue: str) -> I
         "DAEDALUS_TEMPORAL_ADDRESS": temporal_server.address,
         "DAEDALUS_HOME": str(tmp_path / "home"),
         "DAEDALUS_CONTROL_QUEUE": task_queue,
-        "DAEDALUS_API_TOKENS": json.dumps(TOKENS),
         "DAEDALUS_SLACK_SIGNING_SECRET": SIGNING_SECRET,
         "DAEDALUS_API_UPDATE_TIMEOUT_S": "3",
     }
+    install_tokens_under(tmp_path / "home")
     command = [sys.executable, "-c", "from daedalus.cli.api import app; app()", "serve", "--port", str(port)]
     log = (tmp_path / "api.log").open("wb")
     server = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from temporalio.client import Client
 
 from daedalus.devserver import DevServer
 from daedalus.ports import free_port
-from tests.api.conftest import TOKENS, as_
+from tests.api.conftest import as_, install_tokens_under
 from tests.support import make_engine_repo, ticket_spec
 
 
@@ -31,8 +30,8 @@ async def test_serve_runs_the_api_under_uvicorn(
         "DAEDALUS_TEMPORAL_ADDRESS": temporal_server.address,
         "DAEDALUS_HOME": str(tmp_path / "home"),
         "DAEDALUS_CONTROL_QUEUE": task_queue,
-        "DAEDALUS_API_TOKENS": json.dumps(TOKENS),
     }
+    install_tokens_under(tmp_path / "home")
     command = [sys.executable, "-c", "from daedalus.cli.api import app; app()", "serve", "--port", str(port)]
     server = subprocess.Popen(
         command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT

@@ -14,7 +14,7 @@ from daedalus.api.settings import ApiSettings
 from daedalus.ports import free_port
 from daedalus.services import connect
 from daedalus.slack.settings import SlackSettings
-from tests.api.conftest import SIGNING_SECRET, TOKENS, as_
+from tests.api.conftest import SIGNING_SECRET, as_, install_tokens
 from tests.slack.fake_slack import FakeSlack
 from tests.slack.signing import click, form_body, sign
 
@@ -64,11 +64,12 @@ async def test_not_configured_and_temporal_unreachable(sqlite_engine: Engine) ->
     async def unreachable() -> Client:
         return await connect(dead)
 
+    install_tokens(sqlite_engine)
     app = create_app(
         client_factory=unreachable,
         engine=sqlite_engine,
         control_queue="q",
-        settings=ApiSettings(tokens=TOKENS),
+        settings=ApiSettings(),
         slack=SlackSettings(signing_secret=None, users={}),
     )
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://daedalus") as api:
@@ -87,6 +88,6 @@ def test_settings_refuse_names_that_are_not_people() -> None:
 
     with pytest.raises(ValidationError, match="not Daedalus people"):
         SlackSettings(users={"U1": "Wayne Smith"})
-    with pytest.raises(ValidationError, match="not Daedalus people"):
-        ApiSettings(tokens={"t": "no way"})
+    with pytest.raises(ValidationError, match="no longer read: API tokens are now stored hashed"):
+        ApiSettings(tokens={"t": "wayne"})  # type: ignore[call-arg]
     assert SlackSettings(users={"U1": "Wayne"}, signing_secret=SecretStr("s")).users == {"U1": "wayne"}

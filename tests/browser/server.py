@@ -16,6 +16,7 @@ from daedalus.api import create_app
 from daedalus.api.settings import ApiSettings
 from daedalus.ports import free_port
 from daedalus.slack.settings import SlackSettings
+from daedalus.store import tokens as api_tokens
 
 
 async def _no_temporal() -> Client:
@@ -24,9 +25,12 @@ async def _no_temporal() -> Client:
 
 @contextmanager
 def serving(engine: Engine, tokens: dict[str, str]) -> Iterator[str]:
+    """The API over `engine`, which is given `tokens` (token -> person) first."""
+    for token, person in tokens.items():
+        api_tokens.add(engine, person, token, created_by="tests")
     app = create_app(
         engine=engine, control_queue="unused", client_factory=_no_temporal,
-        settings=ApiSettings(tokens=tokens), slack=SlackSettings(bot_token=None, channel=None),
+        settings=ApiSettings(), slack=SlackSettings(bot_token=None, channel=None),
     )  # fmt: skip
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))

@@ -21,7 +21,8 @@ SECTIONS = {
     "decisions": "Decisions",
     "lessons": "Lessons and traps",
 }
-TOKENS = {"tok-wayne": "wayne"}
+WAYNE = "dtk_0000000b_" + "w" * 43
+TOKENS = {WAYNE: "wayne"}
 
 
 async def offline(context: Any, visit: Visit) -> None:
@@ -104,7 +105,7 @@ async def test_report_served_by_the_api_in_chromium(
         refused = await page.goto(f"{base}/report")
         assert refused is not None and refused.status == 401
         visit.console_errors.clear()  # the 401 above is Chromium's one expected console error
-        await page.set_extra_http_headers({"Authorization": "Bearer tok-wayne"})
+        await page.set_extra_http_headers({"Authorization": f"Bearer {WAYNE}"})
         response = await page.goto(f"{base}/report?since=6h")
         assert response is not None and response.status == 200
         await check_report_page(page, visit)

@@ -18,8 +18,10 @@ from temporalio.worker import Replayer, Worker
 
 from daedalus import services as tickets
 from daedalus.campaigns.spec import load_campaign
+from daedalus.hosts import holder
 from daedalus.ids import host_queue
 from daedalus.report import build_report, render_markdown
+from daedalus.schemas.audit import AuditKind
 from daedalus.schemas.campaigns import (
     CampaignInput,
     CampaignStatus,
@@ -34,7 +36,9 @@ from daedalus.store import queries
 from daedalus.store.database import session_scope
 from daedalus.store.tables import CampaignRow
 from daedalus.workflows.campaign import CampaignWorkflow
+from tests.hosts.keeper_support import running_keeper
 from tests.support import running_workers
+from tests.ticket_helpers import events
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "campaigns"
 HISTORIES = Path(__file__).resolve().parents[1] / "histories"
@@ -162,6 +166,76 @@ async def test_campaign_sweeps_records_a_crash_and_proposes_a_preset(
     assert "| q8_0 | context 1024, users 2 | crashed: llama-server exited with 134 at start |" in report
     assert "Proposed: **q8_0-c512**" in report
     assert "→ **adopt** by wayne via cli — “speed is neutral”" in report
+
+
+leased: list[tuple[str, list[int] | None, list[tuple[str, list[int]]]]] = []
+
+
+@activity.defn(name="measure_campaign_cell")
+async def cell_seen_by_the_keeper(request: CellInput) -> CellResult:
+    """Records the GPUs the cell was given and the leases its host's keeper holds while it measures."""
+    state = await holder.keeper_state(activity.client(), request.spec.host)
+    leased.append((request.cell.key, request.gpus, [(lease.holder, lease.gpus) for lease in state.held]))
+    return CellResult(
+        cell=request.cell,
+        preset=request.cell.preset_name,
+        label=request.spec.label(request.cell.kv),
+        outcome=CellOutcome.MEASURED,
+        decode_tps=50.0,
+        ci_low=49.0,
+        ci_high=51.0,
+        samples=[49.0, 50.0, 51.0],
+        kib_per_token={"f16": 8.0, "q8_0": 4.25}[request.cell.kv],
+        needle_found=6,
+        needle_total=6,
+        measured_at=datetime.now(UTC),
+    )
+
+
+async def test_cells_run_under_a_lease_on_the_hosts_gpus_and_the_proposal_goes_through_the_desk(
+    temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
+) -> None:
+    leased.clear()
+    async with running_keeper(temporal_client, tmp_path, gpus=2, host_worker=False) as keeper:
+        spec = load_campaign(EXAMPLES / "local-kv-matrix.yaml").model_copy(
+            update={"host": keeper.host, "id": f"g-{task_queue[-8:]}", "reminder_interval_s": 1}
+        )
+        async with (
+            running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, "elsewhere"),
+            Worker(temporal_client, task_queue=host_queue(keeper.host), activities=[cell_seen_by_the_keeper]),
+        ):
+            handle = await temporal_client.start_workflow(
+                CampaignWorkflow.run,
+                CampaignInput(spec=spec, control_queue=task_queue, host_gpus=2),
+                id=campaign_workflow_id(spec.id),
+                task_queue=task_queue,
+            )
+            await wait_status(handle, "awaiting_decision")
+            with session_scope(sqlite_engine) as session:
+                [pending] = queries.decisions(session=session, pending=True)
+            await asyncio.sleep(2.5)  # the desk reminds a waiting proposal
+            await tickets.decide(
+                temporal_client,
+                Decision(request_id=pending.request_id, option="reject", decided_by="wayne"),
+                store=sqlite_engine,
+            )
+            final = await handle.result()
+            after = await holder.keeper_state(temporal_client, keeper.host)
+        history = await handle.fetch_history()
+    assert final.status == "rejected" and final.decision == "reject"
+    assert [key for key, _, _ in leased] == [c.key for c in spec.cells()]
+    for key, gpus, held in leased:
+        # every cell was measured on both GPUs, while the keeper held exactly its lease on them
+        assert gpus == [0, 1] and held == [(f"campaign {spec.id} cell {key}", [0, 1])], (key, gpus, held)
+    assert after.held == []
+    trail = events(sqlite_engine, campaign_workflow_id(spec.id))
+    kinds = [e.kind for e in sorted(trail, key=lambda e: e.seq)]
+    assert [e.seq for e in sorted(trail, key=lambda e: e.seq)] == list(range(1, len(trail) + 1))
+    assert kinds[:2] == [AuditKind.FILED, AuditKind.DECISION_REQUESTED] and kinds[-1] == AuditKind.DECIDED
+    assert AuditKind.DECISION_REMINDER in kinds
+    await Replayer(workflows=[CampaignWorkflow], data_converter=pydantic_data_converter).replay_workflow(
+        history
+    )
 
 
 @pytest.mark.llama

@@ -128,7 +128,8 @@ async def test_leak_is_stopped_gracefully_and_a_good_checkpoint_is_kept(tmp_path
 async def test_flat_run_is_never_stopped_until_asked(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, "--step-s", "0.05", report_interval_s=2.0)
     first = await segment(spec)
-    assert first.death is None and first.samples >= 10 and not first.attached
+    # It sampled all along (how many times in 2 s depends on the machine's load: 7 of 20 were seen at load 13).
+    assert first.death is None and first.samples >= 3 and not first.attached
     assert first.memory_now is not None and first.memory_now.available_bytes > spec.watchdog.threshold_bytes
     # The next segment re-attaches to the same trainer: never a second one.
     second = await segment(spec)

@@ -31,6 +31,7 @@ from daedalus.schemas.gates import Verdict
 from daedalus.schemas.ticket import AttemptOutcome, CancelRequest, Decision, TicketStatus
 from daedalus.slack.settings import SlackSettings
 from daedalus.store import queries
+from daedalus.store import tokens as api_tokens
 from daedalus.store.database import session_scope
 from daedalus.store.tables import TicketRow
 from daedalus.worker import WorkerConfig, build_workers
@@ -40,8 +41,9 @@ from tests.ticket_helpers import host_of, pending
 from tests.workflows.test_ticket_replay import replay_and_keep
 
 DAEDALUS = str(Path(sys.executable).parent / "daedalus")
-TOKENS = {"tok-wayne": "wayne"}
-WAYNE = {"Authorization": "Bearer tok-wayne"}
+WAYNE_TOKEN = "dtk_0000a11e_" + "w" * 43
+"""A well-formed API token of wayne's; the test stores its hash."""
+WAYNE = {"Authorization": f"Bearer {WAYNE_TOKEN}"}
 
 
 @asynccontextmanager
@@ -100,11 +102,12 @@ async def test_a_host_nobody_serves_is_seen_and_escalates_as_unavailable_without
     hosts_file.write_text(yaml.safe_dump(registry.model_dump(mode="json")))
     repo = make_engine_repo(tmp_path / "repo")
     seen = ticket_spec(repo, host)
+    api_tokens.add(sqlite_engine, "wayne", WAYNE_TOKEN, created_by="tests")
     app = create_app(
         client=temporal_client,
         engine=sqlite_engine,
         control_queue=task_queue,
-        settings=ApiSettings(tokens=TOKENS),
+        settings=ApiSettings(),
         slack=SlackSettings(),
         hosts_file=hosts_file,
     )

@@ -29,6 +29,7 @@ def record(
     at: datetime | None = None,
     title: str = "MTP align tax",
     spec: dict[str, object] | None = None,
+    detail: dict[str, str] | None = None,
     **extra: object,
 ) -> AuditRecord:
     at = at or T0 + timedelta(minutes=seq)
@@ -43,7 +44,7 @@ def record(
             at=at,
             status=status,
             summary=f"{kind.value} {seq}",
-            detail={"n": str(seq)},
+            detail=detail or {"n": str(seq)},
         ),
         ticket=TicketSnapshot(
             ticket_id=ticket_id,
@@ -287,7 +288,13 @@ def test_closing_withdraws_the_requests_nobody_answered(store_engine: Engine) ->
     )
     write(
         store_engine,
-        record(1, status="awaiting_approval", kind=AuditKind.DECISION_REQUESTED, decision_request=request),
+        record(
+            1,
+            status="awaiting_approval",
+            kind=AuditKind.DECISION_REQUESTED,
+            decision_request=request,
+            detail={"request": request.id},  # as the desk writes it
+        ),
     )
     with session_scope(store_engine) as session:
         assert [r.request_id for r in queries.decisions(session=session, pending=True)] == ["4-dispatch-1"]
@@ -296,3 +303,34 @@ def test_closing_withdraws_the_requests_nobody_answered(store_engine: Engine) ->
         assert queries.decisions(session=session, pending=True) == []
         [row] = queries.decisions(session=session, ticket_id="4")
     assert row.option is None and row.note.startswith("withdrawn")
+
+
+def test_closing_leaves_the_requests_of_a_ticket_whose_id_extends_it(store_engine: Engine) -> None:
+    """Ticket 4 closing withdraws its own requests only: 4-fix's pending dispatch still waits for its answer
+    (it was withdrawn by id prefix, and a decider listing pending requests never saw it again)."""
+    for ticket_id in ("4", "4-fix"):
+        request = DecisionRequest(
+            id=f"{ticket_id}-dispatch-1",
+            ticket_id=ticket_id,
+            kind=DecisionKind.DISPATCH,
+            question=f"Dispatch ticket {ticket_id}?",
+            options=["approve", "reject"],
+            deciders=["wayne"],
+            requested_at=T0,
+        )
+        write(
+            store_engine,
+            record(
+                1,
+                ticket_id=ticket_id,
+                run_id=f"run-{ticket_id}",
+                status="awaiting_approval",
+                kind=AuditKind.DECISION_REQUESTED,
+                decision_request=request,
+                detail={"request": request.id},
+            ),
+        )
+    write(store_engine, record(2, status="cancelled", actor="wayne"))
+    with session_scope(store_engine) as session:
+        pending = [r.request_id for r in queries.decisions(session=session, pending=True)]
+    assert pending == ["4-fix-dispatch-1"]

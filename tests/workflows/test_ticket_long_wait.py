@@ -47,9 +47,9 @@ async def test_a_month_long_wait_continues_as_new_and_keeps_its_state(
         assert described.run_id != first_run
         # The UI still shows what the ticket waits for, and for whom.
         shown = described.typed_search_attributes
-        assert (shown.get(sa.STATUS), shown.get(sa.AWAITING), shown.get(sa.TICKET_ID)) == (
+        assert (shown.get(sa.STATUS), shown.get(sa.WAITING_FOR), shown.get(sa.TICKET_ID)) == (
             "awaiting_approval",
-            "wayne",
+            ["wayne"],
             spec.id,
         )
         await daedalus.decide(

@@ -5,6 +5,10 @@ DAEDALUS_RECORD_HISTORIES=1 they also (re)write tests/histories/ticket-<case>.js
 workflow change is meant to be incompatible (and then patch the workflow for the tickets still live):
 
     DAEDALUS_RECORD_HISTORIES=1 .venv/bin/pytest tests/workflows/test_ticket_replay.py -k record
+
+The stored histories were recorded when every audit event was a remote `record_audit_event` activity, except
+ticket-passed-local-audit.json (the passed case since they are local activities, patch `audit-local-activity`):
+tickets of both shapes are live somewhere, and both must replay.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from tests.support import failing_spec, make_engine_repo, running_workers, ticke
 from tests.ticket_helpers import HISTORIES, host_of, pending
 
 STORED = sorted(HISTORIES.glob("ticket-*.json"))
+LOCAL_AUDIT = "ticket-passed-local-audit.json"
+LOCAL_ACTIVITY_MARKER = "core_local_activity"
 CASES = {"passed", "escalated-stopped", "umbrella", "umbrella-chained", "cancelled", "continued"}
 
 
@@ -52,8 +58,35 @@ async def replay_and_keep(handle: WorkflowHandle[Any, Any], case: str) -> None:
         (HISTORIES / f"ticket-{case}.json").write_text(history.to_json())
 
 
+def audit_writes(history: WorkflowHistory) -> tuple[int, int]:
+    """(remote `record_audit_event` activities, local activities) in a history: every local activity of a
+    ticket is an audit write."""
+    remote = sum(
+        1
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "record_audit_event"
+    )
+    local = sum(
+        1
+        for e in history.events
+        if e.HasField("marker_recorded_event_attributes")
+        and e.marker_recorded_event_attributes.marker_name == LOCAL_ACTIVITY_MARKER
+    )
+    return remote, local
+
+
 def test_every_case_has_a_stored_history() -> None:
     assert {p.stem.removeprefix("ticket-") for p in STORED} >= CASES
+
+
+@pytest.mark.parametrize("path", STORED, ids=[p.stem for p in STORED])
+def test_stored_histories_hold_both_ways_of_writing_audit_events(path: Path) -> None:
+    remote, local = audit_writes(WorkflowHistory.from_json(path.stem, path.read_text()))
+    if path.name == LOCAL_AUDIT:
+        assert remote == 0 and local > 0, (remote, local)
+    else:
+        assert remote > 0 and local == 0, (remote, local)
 
 
 @pytest.mark.parametrize("path", STORED, ids=[p.stem for p in STORED])
@@ -113,7 +146,10 @@ async def test_record_passed_after_delegated_approval(
             Decision(request_id=request.id, option="approve", decided_by="lead"),
             store=sqlite_engine,
         )
-        assert (await handle.result()).status is TicketStatus.PASSED
+        final = await handle.result()
+        assert final.status is TicketStatus.PASSED
+    # Each audit event is one local-activity marker: no remote activity, no workflow task of its own.
+    assert audit_writes(await handle.fetch_history()) == (0, final.audit_seq)
     await replay_and_keep(handle, "passed")
 
 

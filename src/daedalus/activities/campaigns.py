@@ -36,7 +36,9 @@ class CampaignCellActivities:
             return CellResult.model_validate_json(done.read_text())
         beating = asyncio.create_task(_heartbeat(request.cell.key))
         try:
-            result = await measure_cell(request.spec, request.cell, workdir, host=request.spec.host)
+            result = await measure_cell(
+                request.spec, request.cell, workdir, host=request.spec.host, gpus=request.gpus
+            )
         finally:
             beating.cancel()
             with contextlib.suppress(asyncio.CancelledError):

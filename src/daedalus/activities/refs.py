@@ -17,6 +17,7 @@ from daedalus.decisions.schemas import DecisionRequest
 from daedalus.schemas.agents import AgentResult
 from daedalus.schemas.audit import AuditRecord
 from daedalus.schemas.gates import GateResult
+from daedalus.schemas.lessons import LessonBatch, LessonQuery
 from daedalus.schemas.notify import NotifyResult
 from daedalus.schemas.steps import AttemptInput, BuildInput, BuildResult, GateInput
 from daedalus.schemas.training import HostReport, HostReportInput, SegmentReport, SuperviseInput
@@ -38,6 +39,14 @@ class ActivityRef(Generic[In, Out]):
         result: Out = await workflow.execute_activity(self.name, argument, result_type=self.output, **options)
         return result
 
+    async def execute_local(self, argument: In, **options: Any) -> Out:
+        """`workflow.execute_local_activity`: run by the workflow's own worker, its result recorded as a marker
+        in the workflow's history (workflow code only; the worker must register the activity)."""
+        result: Out = await workflow.execute_local_activity(
+            self.name, argument, result_type=self.output, **options
+        )
+        return result
+
     def start(self, argument: In, **options: Any) -> workflow.ActivityHandle[Out]:
         """`workflow.start_activity`: a handle the workflow can cancel (workflow code only)."""
         handle: workflow.ActivityHandle[Out] = workflow.start_activity(
@@ -53,6 +62,8 @@ RECORD_AUDIT_EVENT = ActivityRef("record_audit_event", AuditRecord, bool)
 NOTIFY_DECISION_REQUEST = ActivityRef("notify_decision_request", DecisionRequest, NotifyResult)
 SUPERVISE_TRAINING = ActivityRef("supervise_training", SuperviseInput, SegmentReport)
 TRAINING_HOST_REPORT = ActivityRef("training_host_report", HostReportInput, HostReport)
+RECORD_LESSONS = ActivityRef("record_lessons", LessonBatch, int)
+LESSONS_FOR = ActivityRef("lessons_for", LessonQuery, list[str])
 
 WORKFLOW_ACTIVITIES: tuple[ActivityRef[Any, Any], ...] = (
     RUN_ATTEMPT,
@@ -62,4 +73,6 @@ WORKFLOW_ACTIVITIES: tuple[ActivityRef[Any, Any], ...] = (
     NOTIFY_DECISION_REQUEST,
     SUPERVISE_TRAINING,
     TRAINING_HOST_REPORT,
+    RECORD_LESSONS,
+    LESSONS_FOR,
 )

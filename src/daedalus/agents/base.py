@@ -105,6 +105,7 @@ def make_result(
     transcript: Path,
     detail: str = "",
     claimed: bool | None = None,
+    traps: list[str] | None = None,
     started: float | None = None,
 ) -> AgentResult:
     note = meter.budget_note()
@@ -117,6 +118,7 @@ def make_result(
         transcript=str(transcript),
         usage=meter.usage(),
         claimed_success=claimed,
+        traps=traps or [],
         detail="; ".join(x for x in (detail, note) if x)[:2000],
         duration_s=round(time.time() - started, 3) if started is not None else None,
         artifacts=str(transcript.parent),

@@ -31,7 +31,7 @@ from daedalus.agents.base import (
     make_result,
 )
 from daedalus.agents.costs import CostMeter
-from daedalus.agents.prompt import build_prompt, claimed_success
+from daedalus.agents.prompt import build_prompt, claimed_success, reported_traps
 from daedalus.agents.settings import AgentSettings
 from daedalus.agents.tools import Toolbox
 from daedalus.errors import AgentConfigError, AgentViolation, BudgetExceeded, ForbiddenCommand, PathEscape
@@ -299,6 +299,7 @@ class CliAgent(ABC):
             transcript=events_path,
             detail=detail,
             claimed=claimed,
+            traps=reported_traps(parser.final_text),
             started=started,
         )
 

@@ -1,4 +1,6 @@
-"""The scripted agent: applies the spec's patch and runs its commands, then commits. Demos and tests only."""
+"""The scripted agent: applies the spec's patch and runs its commands, then commits. Demos and tests only.
+
+A command that prints a `TRAP:` line reports a trap, as a model agent's final message would."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 
 from daedalus.agents import worktree as wt
 from daedalus.agents.base import RUNNING_FILE, Heartbeat, RunningRecord, command_sandbox
+from daedalus.agents.prompt import reported_traps
 from daedalus.agents.settings import AgentSettings
 from daedalus.processes import run_logged
 from daedalus.schemas.agents import AgentResult, AgentTask, AgentUsage, ExitReason
@@ -64,6 +67,7 @@ class ScriptedAgent:
                 detail=f"[scripted] {detail}",
                 duration_s=round(time.time() - started, 3),
                 artifacts=str(artifacts),
+                traps=reported_traps(log_path.read_text(errors="replace")) if log_path.exists() else [],
             )
 
         if task.agent.patch:

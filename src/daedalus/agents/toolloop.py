@@ -24,7 +24,7 @@ from daedalus.agents.base import (
     make_result,
 )
 from daedalus.agents.costs import CostMeter
-from daedalus.agents.prompt import build_prompt, claimed_success
+from daedalus.agents.prompt import build_prompt, claimed_success, reported_traps
 from daedalus.agents.settings import AgentSettings
 from daedalus.agents.tools import Toolbox
 from daedalus.errors import (
@@ -129,7 +129,9 @@ class ToolLoopAgent(ABC):
             transcript,
         )
 
-        def result(reason: ExitReason, detail: str, claimed: bool | None = None) -> AgentResult:
+        def result(
+            reason: ExitReason, detail: str, claimed: bool | None = None, traps: list[str] | None = None
+        ) -> AgentResult:
             if tools.refused and reason is not ExitReason.FORBIDDEN:
                 detail += f"; refused tool calls: {tools.refused}"
             transcript.write("end", reason=reason.value, detail=detail)
@@ -141,6 +143,7 @@ class ToolLoopAgent(ABC):
                 transcript=transcript.path,
                 detail=detail,
                 claimed=claimed,
+                traps=traps,
                 started=started,
             )
 
@@ -182,4 +185,5 @@ class ToolLoopAgent(ABC):
             ExitReason.COMMITTED,
             f"{self.name} finished in {meter.turns} turns",
             claimed=claimed_success(final),
+            traps=reported_traps(final),
         )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,9 +14,11 @@ from sqlalchemy import Engine
 from temporalio.client import Client
 
 from daedalus.api.settings import ApiSettings
+from daedalus.decisions.policy import Policy
 from daedalus.errors import RegistryError, TicketError
 from daedalus.hosts.registry import Registry, load_registry
 from daedalus.slack.settings import SlackSettings
+from daedalus.store import tokens
 
 ClientFactory = Callable[[], Awaitable[Client]]
 
@@ -30,6 +31,7 @@ class ApiContext:
     slack: SlackSettings
     client_factory: ClientFactory
     hosts_file: Path | None = None
+    policy: Policy | None = None
     _client: Client | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -66,34 +68,26 @@ async def get_client(context: Annotated[ApiContext, Depends(get_context)]) -> Cl
     return await context.client()
 
 
-bearer = HTTPBearer(auto_error=False, description="a token from DAEDALUS_API_TOKENS")
+bearer = HTTPBearer(auto_error=False, description="a token from `daedalus token create`")
 
 
 def get_caller(
     context: Annotated[ApiContext, Depends(get_context)],
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> str:
-    """The person behind the bearer token; 401 without a known one."""
+    """The person behind the bearer token; 401 without a valid one. (A sync dependency: FastAPI runs it in
+    its thread pool, so the store read does not block the event loop.)"""
     challenge = {"WWW-Authenticate": "Bearer"}
-    if not context.settings.tokens:
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED,
-            'this API has no tokens configured; set DAEDALUS_API_TOKENS=\'{"<token>": "<person>"}\'',
-            headers=challenge,
-        )
     if credentials is None:
         raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED, "send `Authorization: Bearer <token>`", headers=challenge
+            status.HTTP_401_UNAUTHORIZED,
+            "send `Authorization: Bearer <token>`; an admin issues tokens with `daedalus token create`",
+            headers=challenge,
         )
-    person = None
-    given = credentials.credentials.encode()
-    for token, who in context.settings.tokens.items():
-        # compare against every token, so the time taken says nothing about which prefix matched
-        if hmac.compare_digest(token.encode(), given):
-            person = who
-    if person is None:
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "unknown bearer token", headers=challenge)
-    return person
+    found = tokens.identify(context.engine, credentials.credentials)
+    if isinstance(found, tokens.Refusal):
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, found.value, headers=challenge)
+    return found
 
 
 Context = Annotated[ApiContext, Depends(get_context)]

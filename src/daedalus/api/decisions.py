@@ -40,7 +40,9 @@ async def decide(
     timeout_s = context.settings.update_timeout_s
     try:
         accepted = await within(
-            tickets.decide(client, decision, store=context.engine), timeout_s, decision.request_id
+            tickets.decide(client, decision, store=context.engine, policy=context.policy),
+            timeout_s,
+            decision.request_id,
         )
         return await within(_after(client, decision, accepted), timeout_s, decision.request_id)
     except TicketError as error:

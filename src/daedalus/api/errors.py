@@ -10,11 +10,11 @@ import structlog
 from fastapi import HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from daedalus.errors import TicketError
+from daedalus.errors import NotAllowed, TicketError
 from daedalus.services import UnknownRequest
 
 T = TypeVar("T")
@@ -25,6 +25,8 @@ def status_for(error: TicketError) -> int:
     """A TicketError's HTTP status, from what Temporal said underneath it."""
     if isinstance(error, UnknownRequest):
         return status.HTTP_404_NOT_FOUND
+    if isinstance(error, NotAllowed):
+        return status.HTTP_403_FORBIDDEN
     cause = error.__cause__
     if isinstance(cause, WorkflowAlreadyStartedError | WorkflowUpdateFailedError):
         return status.HTTP_409_CONFLICT  # a live duplicate, or the ticket's validator refused the change
@@ -61,10 +63,14 @@ def refusal(error: TicketError) -> HTTPException:
 
 
 async def within(awaitable: Awaitable[T], timeout_s: float, what: str) -> T:
-    """Wait on Temporal for at most `timeout_s`; a request handler never waits on a stuck worker for long."""
+    """Wait on Temporal for at most `timeout_s`; a request handler never waits on a stuck worker for long.
+
+    An update cut short here surfaces as the SDK's `WorkflowUpdateRPCTimeoutOrCancelledError` (it turns the
+    cancellation into its own error, which `wait_for` passes on instead of TimeoutError), as does an update
+    whose own RPC timed out while Temporal restarted: both are "no answer yet", never a 500."""
     try:
         return await asyncio.wait_for(awaitable, timeout_s)
-    except TimeoutError as error:
+    except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError) as error:
         raise HTTPException(
             status.HTTP_504_GATEWAY_TIMEOUT,
             f"{what}: no answer from the ticket within {timeout_s:g}s; is a control worker running "

@@ -105,3 +105,7 @@ class Delegated(Public):
     ticket_id: str
     kind: str
     delegates: list[str]
+
+
+class Identity(Public):
+    person: str

@@ -96,7 +96,8 @@ async def _decide_and_answer(
     try:
         client: Client = await context.client()
         await asyncio.wait_for(
-            tickets.decide(client, decision, store=context.engine), context.settings.update_timeout_s
+            tickets.decide(client, decision, store=context.engine, policy=context.policy),
+            context.settings.update_timeout_s,
         )
     except TicketError as error:
         await _answer(response_url, f"Refused: {for_slack(error)}. Nothing was decided.", False)

@@ -16,15 +16,18 @@ from daedalus.api.hosts import waiting_lines
 from daedalus.api.models import Delegated, TicketDetail, TicketFiled, TicketSummary, VerdictPublic
 from daedalus.errors import TicketError
 from daedalus.ids import ticket_workflow_id
+from daedalus.schemas.audit import AuditEvent
 from daedalus.schemas.ticket import (
     TICKET_ID_PATTERN,
     CancelRequest,
     Delegation,
     SpecAmendment,
+    TerminateRequest,
     TicketSpec,
     TicketState,
     TicketStatus,
 )
+from daedalus.services import termination
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 
@@ -36,11 +39,12 @@ TicketId = Annotated[str, Path(pattern=TICKET_ID_PATTERN, description="a ticket 
 async def file_ticket(
     spec: TicketSpec, caller: Caller, context: Context, client: TemporalClient
 ) -> TicketFiled:
-    """File a ticket (the body is a ticket spec, as in a YAML file). 409 while a ticket with its id is live."""
+    """File a ticket (the body is a ticket spec, as in a YAML file). 409 while a ticket with its id is live;
+    403 when the server's policy does not let the caller file it as written (a spec that loosens its approval)."""
     registry = context.registry() if context.hosts_file is not None else None
     try:
         handle = await tickets.file_ticket(
-            client, spec, queue=context.control_queue, filed_by=caller, hosts=registry
+            client, spec, queue=context.control_queue, filed_by=caller, hosts=registry, policy=context.policy
         )
     except TicketError as error:
         raise refusal(error) from error
@@ -161,6 +165,26 @@ async def amend(
     try:
         return await within(
             tickets.amend(client, ticket_id, amendment), context.settings.update_timeout_s, ticket_id
+        )
+    except TicketError as error:
+        raise refusal(error) from error
+
+
+@router.post("/{ticket_id}/terminate", response_model=list[AuditEvent])
+async def terminate(
+    ticket_id: TicketId, request: TerminateRequest, caller: Caller, context: Context, client: TemporalClient
+) -> list[AuditEvent]:
+    """Last resort for a wedged ticket: terminate its workflow and write the closing audit events (status
+    `terminated`); `requested_by` must be the caller, a decider or an operator of the ticket's host."""
+    require_same_person(caller, request.requested_by, "requested_by")
+    try:
+        return await termination.terminate(
+            client,
+            ticket_id,
+            by=request.requested_by,
+            reason=request.reason,
+            store=context.engine,
+            policy=context.policy,
         )
     except TicketError as error:
         raise refusal(error) from error

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from daedalus.engines.measure import ensure_build, measure
 from daedalus.engines.presets import load_preset
-from daedalus.engines.process import EngineError
 from daedalus.engines.quality import garbage, needle_probe
 from daedalus.engines.runner import launched
 from daedalus.engines.tiny_model import MODELS, ensure_model
+from daedalus.errors import BuildError, EngineError, EngineSetupError
 from daedalus.gates.statistics import clopper_pearson
 from daedalus.gates.verdicts import decide
 from daedalus.schemas.campaigns import CampaignCell, CampaignSpec, CellOutcome, CellResult
@@ -33,9 +34,14 @@ DECODE_GATE = GateSpec(
 )
 
 
-def cell_preset(spec: CampaignSpec, cell: CampaignCell) -> LlamaCppPreset | VllmPreset:
-    """The base preset with the cell's axes applied; a bad combination raises with the field named."""
+def cell_preset(
+    spec: CampaignSpec, cell: CampaignCell, gpus: list[int] | None = None
+) -> LlamaCppPreset | VllmPreset:
+    """The base preset with the cell's axes applied (and the leased `gpus`, when any, as the engine's
+    CUDA_VISIBLE_DEVICES); a bad combination raises with the field named."""
     base = load_preset(spec.base_preset)
+    if gpus is not None:
+        base = base.model_copy(update={"env": {**base.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}})
     name = cell.preset_name
     if isinstance(base, LlamaCppPreset):
         quantized_v = cell.kv not in QUANTIZED_V_NEEDS_FLASH_ATTN
@@ -90,14 +96,14 @@ def _log_tail(workdir: Path, lines: int = 5) -> str:
 
 
 async def measure_cell(
-    spec: CampaignSpec, cell: CampaignCell, workdir: Path, *, host: str = ""
+    spec: CampaignSpec, cell: CampaignCell, workdir: Path, *, host: str = "", gpus: list[int] | None = None
 ) -> CellResult:
     """Measure one cell; a crash is returned as a CRASHED cell with its evidence."""
     workdir.mkdir(parents=True, exist_ok=True)
     label = spec.label(cell.kv)
     base = {"cell": cell, "label": label, "preset": cell.preset_name}
     try:
-        preset = cell_preset(spec, cell)
+        preset = cell_preset(spec, cell, gpus)
     except (ValueError, EngineError) as error:
         return CellResult(
             **base,
@@ -115,6 +121,8 @@ async def measure_cell(
         decode = await measure(
             Metric.DECODE_TPS, str(preset_path), model, workload=workload, workdir=workdir / "decode"
         )
+    except (EngineSetupError, BuildError) as error:
+        return _not_runnable_here(base, error)
     except EngineError as error:
         tail = _log_tail(workdir / "decode")
         evidence["log_tail"] = tail
@@ -160,7 +168,7 @@ async def measure_cell(
             result["garbage"] = ", ".join(sorted(labels))
         if spec.probe_ppl and cell.kv != spec.baseline_kv:
             baseline = _write_preset(
-                cell_preset(spec, cell.model_copy(update={"kv": spec.baseline_kv})), workdir
+                cell_preset(spec, cell.model_copy(update={"kv": spec.baseline_kv}), gpus), workdir
             )
             ppl = await measure(
                 Metric.PPL_DELTA_PCT,
@@ -172,6 +180,8 @@ async def measure_cell(
             result["ppl_delta_pct"] = ppl.samples[0] if ppl.invalid_reason is None else None
         elif spec.probe_ppl:
             result["ppl_delta_pct"] = 0.0  # the baseline against itself
+    except (EngineSetupError, BuildError) as error:
+        return _not_runnable_here(base, error)
     except EngineError as error:
         # decode ran, then a probe broke. A refused request (the server answered 4xx) is a broken measurement;
         # a server that died under the probe is the cell's crash, kept with what was measured so far.
@@ -187,3 +197,14 @@ async def measure_cell(
     return CellResult(
         **base, outcome=CellOutcome.MEASURED, evidence=evidence, measured_at=datetime.now(UTC), **result
     )  # type: ignore[arg-type]
+
+
+def _not_runnable_here(base: dict[str, Any], error: EngineError) -> CellResult:
+    """The worker's setup failed (no build, no model, a port taken): INVALID with what to fix, never a crash,
+    which would be read as the preset's wall."""
+    return CellResult(
+        **base,
+        outcome=CellOutcome.INVALID,
+        detail=" ".join(f"this worker cannot run the cell: {error}".split())[:300],
+        measured_at=datetime.now(UTC),
+    )

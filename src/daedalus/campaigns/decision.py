@@ -1,29 +1,18 @@
-"""The campaign's one decision: adopt the proposed preset or not, asked about a `CampaignSubject` so that
-`services.decide` routes the answer to the campaign's workflow."""
+"""The campaign's one decision: adopt the proposed preset or not. The decision desk asks it about a
+`CampaignSubject` (request id `campaign-<id>-escalation-1`), so `services.decide` routes the answer to the
+campaign's workflow."""
 
 from __future__ import annotations
 
-from datetime import datetime
-
-from daedalus.decisions.schemas import CampaignSubject, DecisionKind, DecisionRequest
-from daedalus.schemas.campaigns import CAMPAIGN_PREFIX, CampaignSpec, Proposal
-
-ADOPT, REJECT = "adopt", "reject"
+from daedalus.schemas.campaigns import CampaignSpec, Proposal
 
 
-def adoption_request(
-    spec: CampaignSpec, proposal: Proposal, *, at: datetime, cells: int, crashed: int
-) -> DecisionRequest:
-    subject = f"{CAMPAIGN_PREFIX}{spec.id}"
-    return DecisionRequest(
-        id=f"{subject}-{DecisionKind.ESCALATION.value}-1",  # the id grammar `daedalus decide` routes by
-        ticket_id=subject,
-        # today's kinds are dispatch and escalation; a campaign's proposal is escalated to the decider
-        kind=DecisionKind.ESCALATION,
-        question=f"Campaign {spec.id} ({spec.title}) on {spec.host} proposes preset {proposal.preset}; adopt it?",
-        options=[ADOPT, REJECT],
-        evidence=[proposal.reason, f"{cells} cells measured, {crashed} crashed; the matrix is in the report"],
-        deciders=spec.deciders,
-        requested_at=at,
-        subject=CampaignSubject(campaign=spec.id),
+def proposal_question(
+    spec: CampaignSpec, proposal: Proposal, *, cells: int, crashed: int
+) -> tuple[str, list[str]]:
+    """The question put to the deciders, and its evidence."""
+    question = (
+        f"Campaign {spec.id} ({spec.title}) on {spec.host} proposes preset {proposal.preset}; adopt it?"
     )
+    evidence = [proposal.reason, f"{cells} cells measured, {crashed} crashed; the matrix is in the report"]
+    return question, evidence

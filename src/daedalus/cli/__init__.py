@@ -18,6 +18,7 @@ from daedalus.cli import (
     reports,
     stack,
     tickets,
+    tokens,
     training,
     verdicts,
 )
@@ -52,6 +53,7 @@ app.add_typer(tickets.app, name="ticket")
 app.add_typer(engines.app, name="engine")
 app.add_typer(training.app, name="train")
 app.add_typer(api.app, name="api")
+app.add_typer(tokens.app, name="token")
 app.add_typer(hosts.app, name="hosts")
 app.add_typer(host_bundle.app, name="host")
 app.add_typer(lessons.app, name="lessons")

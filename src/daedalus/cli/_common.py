@@ -15,8 +15,9 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from daedalus.config import Settings
+from daedalus.decisions.policy import Policy, configured_policy
 from daedalus.engines import paths
-from daedalus.errors import BadSettings, RegistryError, TicketError
+from daedalus.errors import BadSettings, RegistryError, SetupError, TicketError
 from daedalus.escaping import for_terminal
 from daedalus.services import connect
 from daedalus.store.database import make_engine, migrate
@@ -58,7 +59,11 @@ def settings() -> Settings:
 
 async def client(settings_: Settings | None = None) -> Client:
     temporal = (settings_ or settings()).temporal
-    return await connect(temporal.target, temporal.namespace)
+    try:
+        security = temporal.connection()
+    except BadSettings as error:
+        fail(str(error))
+    return await connect(temporal.target, temporal.namespace, **security)
 
 
 def store(settings_: Settings | None = None) -> Engine:
@@ -98,3 +103,12 @@ def waiting_on_hosts(tickets: Sequence[TicketOnHost]) -> dict[str, str]:
         return asyncio.run(ask())
     except (TicketError, RPCError):
         return {}
+
+
+@functools.cache
+def policy() -> Policy | None:
+    """The server's policy (DAEDALUS_POLICY_FILE), read once; None on a single-user stack that sets none."""
+    try:
+        return configured_policy(settings().policy_file, settings().hosts_file)
+    except SetupError as error:
+        fail(str(error))

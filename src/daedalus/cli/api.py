@@ -20,29 +20,40 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="interface to listen on"),
     port: int = typer.Option(8000, help="port to listen on"),
 ) -> None:
-    """Serve the API (docs at /docs). Tokens come from DAEDALUS_API_TOKENS, Slack from DAEDALUS_SLACK_*."""
+    """Serve the API (docs at /docs). Tokens come from `daedalus token create` (hashed in the store), Slack
+    from DAEDALUS_SLACK_*."""
     # FastAPI and uvicorn load here, not at CLI start-up.
     import uvicorn
     from temporalio.client import Client
 
     from daedalus.api.app import create_app
+    from daedalus.store import tokens
 
     settings = _common.settings()
-    if not settings.api.tokens:
+    engine = store(settings)
+    if not tokens.listed(engine):
         console.print(
-            "[yellow]DAEDALUS_API_TOKENS is empty: every endpoint but /docs will answer 401[/yellow]"
+            "[yellow]no API tokens yet: every endpoint but /docs will answer 401 until an admin runs "
+            "`daedalus token create --person <name>`[/yellow]"
+        )
+    policy = _common.policy()
+    if policy is None:
+        console.print(
+            "[yellow]no DAEDALUS_POLICY_FILE: every token holder's tickets run on the hosts as their specs "
+            "say; set a policy for a shared stack (README, Policy)[/yellow]"
         )
 
     async def connect() -> Client:
         return await client(settings)
 
     application = create_app(
-        engine=store(settings),
+        engine=engine,
         control_queue=settings.temporal.control_queue,
         client_factory=connect,
         settings=settings.api,
         slack=settings.slack,
         hosts_file=settings.hosts_file,
+        policy=policy,
     )
     console.print(
         f"Daedalus API on http://{host}:{port} (docs at /docs); Temporal at {settings.temporal.target}"

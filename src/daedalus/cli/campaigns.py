@@ -27,21 +27,32 @@ def start(
     file: Annotated[Path, typer.Option("-f", "--file", help="campaign spec (YAML), see examples/campaigns/")],
     as_: Annotated[str, typer.Option("--as", help="who files it")] = "lead",
 ) -> None:
-    """Start `campaign-<id>`; its cells run on the host's worker, one after another."""
+    """Start `campaign-<id>`; its cells run on the host's worker, one after another, each under a lease on
+    all the GPUs hosts.yaml declares for the host."""
     from daedalus.campaigns.spec import CampaignSpecError, load_campaign
+    from daedalus.hosts.registry import RegistryError, load_registry
 
     try:
         spec = load_campaign(file)
     except CampaignSpecError as error:
         fail(str(error))
     settings = _common.settings()
+    try:
+        host = load_registry(settings.hosts_file).host(spec.host)
+    except RegistryError as error:
+        fail(f"{file}: {error}")
 
     async def go() -> str:
         handle: WorkflowHandle[CampaignWorkflow, CampaignStatus] = await (
             await client(settings)
         ).start_workflow(
             CampaignWorkflow.run,
-            CampaignInput(spec=spec, control_queue=settings.temporal.control_queue, filed_by=as_),
+            CampaignInput(
+                spec=spec,
+                control_queue=settings.temporal.control_queue,
+                filed_by=as_,
+                host_gpus=host.gpus.count,
+            ),
             id=campaign_workflow_id(spec.id),
             task_queue=settings.temporal.control_queue,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,

@@ -1,8 +1,9 @@
 """`daedalus demo` (what `make demo` runs): one ticket, end to end, on this machine, with no API keys.
 
 It starts the embedded stack, builds llama.cpp from source if it is not cached, files the local ticket
-modelled on ticket 4, lets the lead approve the dispatch on Wayne's behalf (delegated in the spec), and
-prints every audit event as it happens until the ticket closes.
+modelled on ticket 4 under the demo's policy (examples/policy.yaml), lets the lead approve the dispatch on
+Wayne's behalf (the policy's standing delegation, named in the spec), and prints every audit event as it
+happens until the ticket closes.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from daedalus.cli import _common
 from daedalus.cli._common import console, fail, run
 from daedalus.cli.tickets import print_audit, print_state
 from daedalus.config import Settings
-from daedalus.errors import DevServerError, EngineError, TicketError
+from daedalus.decisions.policy import Policy, load_policy
+from daedalus.errors import DevServerError, EngineError, SetupError, TicketError
 from daedalus.escaping import for_terminal as shown
+from daedalus.hosts.registry import load_registry
 from daedalus.ports import port_is_open
 from daedalus.schemas.ticket import Decision, DecisionKind, TicketSpec, TicketState
 from daedalus.store import queries
@@ -31,7 +34,11 @@ from daedalus.store.database import session_scope
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 DEMO_TICKET = EXAMPLES / "tickets" / "local-4.yaml"
 DEMO_REPO_TEMPLATE = EXAMPLES / "demo" / "serving-config"
+DEMO_POLICY = EXAMPLES / "policy.yaml"
+"""The policy the demo runs under when DAEDALUS_POLICY_FILE names none."""
 LEAD = "lead"
+FILER = "demo"
+"""Files the demo ticket: a filer who operates no host, so its dispatch waits for the lead's approval."""
 
 
 def demo(
@@ -45,6 +52,11 @@ def demo(
     try:
         spec = tickets.load_spec(ticket)
     except TicketError as error:
+        fail(str(error))
+    policy_file = settings.policy_file or DEMO_POLICY
+    try:
+        policy = load_policy(policy_file, load_registry(settings.hosts_file))
+    except SetupError as error:
         fail(str(error))
     console.rule("[bold]Daedalus demo")
     console.print(
@@ -63,7 +75,7 @@ def demo(
     )
     embedded = not port_is_open(settings.temporal.port) and settings.temporal.address is None
     try:
-        state = run(_drive(spec, settings, embedded))
+        state = run(_drive(spec, settings, embedded, policy, policy_file))
     except DevServerError as error:
         fail(str(error))
     console.rule(f"[bold]ticket {state.spec.id} closed: {state.status.value}")
@@ -94,7 +106,9 @@ def _with_demo_repo(spec: TicketSpec, settings: Settings) -> TicketSpec:
     return spec.model_copy(update={"engine": spec.engine.model_copy(update={"repo": str(repo)})})
 
 
-async def _drive(spec: TicketSpec, settings: Settings, embedded: bool) -> TicketState:
+async def _drive(
+    spec: TicketSpec, settings: Settings, embedded: bool, policy: Policy, policy_file: Path
+) -> TicketState:
     from daedalus.stack import running_stack
 
     async with running_stack(settings, hosts=[spec.host], embedded=embedded) as stack:
@@ -105,7 +119,7 @@ async def _drive(spec: TicketSpec, settings: Settings, embedded: bool) -> Ticket
         )
         console.print(f"3. Temporal: {where}; workers for the control queue and host-{spec.host}")
         handle = await tickets.file_ticket(
-            stack.client, spec, queue=settings.temporal.control_queue, filed_by="demo"
+            stack.client, spec, queue=settings.temporal.control_queue, filed_by=FILER, policy=policy
         )
         console.print(f"4. filed ticket [bold]{shown(spec.id)}[/bold] as workflow {shown(handle.id)}")
         console.print(
@@ -121,7 +135,8 @@ async def _drive(spec: TicketSpec, settings: Settings, embedded: bool) -> Ticket
             request = state.pending_decision
             if request is not None and request.kind is DecisionKind.DISPATCH and LEAD in request.delegates:
                 console.print(
-                    f"   [cyan]{LEAD}[/cyan] approves {request.id} on wayne's behalf (delegated in the spec)"
+                    f"   [cyan]{LEAD}[/cyan] approves {request.id} on wayne's behalf (a standing delegation "
+                    f"in {policy_file.name})"
                 )
                 await tickets.decide(
                     stack.client,
@@ -129,6 +144,7 @@ async def _drive(spec: TicketSpec, settings: Settings, embedded: bool) -> Ticket
                         request_id=request.id, option="approve", decided_by=LEAD, channel="bot", note="demo"
                     ),
                     subject=request.subject,
+                    policy=policy,
                 )
             elif request is not None and request.kind is DecisionKind.ESCALATION:
                 console.print(f"   [yellow]escalated to wayne[/yellow]: {shown(request.question)}")

@@ -11,7 +11,7 @@ import typer
 from daedalus.cli import _common
 from daedalus.cli._common import console, fail, run
 from daedalus.config import Settings
-from daedalus.errors import DevServerError
+from daedalus.errors import BadSettings, DevServerError
 
 
 async def _serve_forever(settings: Settings, hosts: list[str], control: bool, embedded: bool) -> None:
@@ -42,7 +42,7 @@ def _run_until_interrupted(settings: Settings, hosts: list[str], control: bool, 
         run(_serve_forever(settings, hosts, control, embedded))
     except KeyboardInterrupt:
         console.print("stopped")
-    except DevServerError as error:
+    except (DevServerError, BadSettings) as error:
         fail(str(error))
 
 

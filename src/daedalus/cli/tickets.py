@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 import yaml
@@ -15,7 +15,8 @@ from rich.markdown import Markdown
 from rich.table import Table
 
 from daedalus import services as tickets
-from daedalus.cli._common import client, console, fail, run, settings, store, waiting_on_hosts
+from daedalus.cli._common import client, console, fail, policy, run, settings, store, waiting_on_hosts
+from daedalus.cli.remote import Remote, shared_stack
 from daedalus.escaping import for_terminal as shown
 from daedalus.hosts.registry import RegistryError, load_registry
 from daedalus.schemas.ticket import (
@@ -24,16 +25,30 @@ from daedalus.schemas.ticket import (
     DecisionKind,
     Delegation,
     SpecAmendment,
+    TerminateRequest,
     TicketState,
 )
-from daedalus.services import TicketError
+from daedalus.services import TicketError, termination
 from daedalus.store import chain, queries
 from daedalus.store.database import session_scope
-from daedalus.store.tables import AuditEventRow
+from daedalus.store.tables import AuditEventRow, TicketRow
+
+if TYPE_CHECKING:
+    from daedalus.api.models import AuditEventPublic, TicketSummary
 
 M = TypeVar("M", bound=BaseModel)
+AS_HELP = "who acts; against a shared stack (DAEDALUS_API_URL) only your token's person, and the default"
 
 app = typer.Typer(help="File, list, inspect, amend and cancel tickets.", no_args_is_help=True)
+
+
+def _local_person(who: str | None, flag: str = "--as") -> str:
+    """The local stack trusts the local user's word for who acts (see cli/remote.py), but wants it said."""
+    if who is None:
+        fail(
+            f"say who acts with {flag} <person> (or set DAEDALUS_API_URL and DAEDALUS_API_TOKEN for a shared stack)"
+        )
+    return who
 
 
 def _model(build: type[M], **values: Any) -> M:
@@ -46,13 +61,22 @@ def _model(build: type[M], **values: Any) -> M:
 @app.command()
 def create(
     file: Annotated[Path, typer.Option("-f", "--file", help="ticket spec (YAML or JSON)")],
-    filed_by: Annotated[str, typer.Option("--as", help="who files it")] = "cli",
+    filed_by: Annotated[str | None, typer.Option("--as", help=f"{AS_HELP} (local: `cli`)")] = None,
 ) -> None:
     """File a ticket: validates the whole spec first, then starts workflow ticket-<id>."""
     try:
         spec = tickets.load_spec(file)
     except TicketError as error:
         fail(str(error))
+    remote = shared_stack()
+    if remote is not None:
+        remote.acting_as(filed_by)
+        filed = remote.call("POST", "/tickets", json=spec.model_dump(mode="json"))
+        console.print(
+            f"filed ticket [bold]{shown(spec.id)}[/bold] as workflow {shown(filed['workflow_id'])} "
+            f"by {shown(filed['filed_by'])}"
+        )
+        return
     temporal = settings().temporal
     try:
         hosts = load_registry(settings().hosts_file)
@@ -61,7 +85,12 @@ def create(
 
     async def go() -> str:
         handle = await tickets.file_ticket(
-            await client(), spec, queue=temporal.control_queue, filed_by=filed_by, hosts=hosts
+            await client(),
+            spec,
+            queue=temporal.control_queue,
+            filed_by=filed_by or "cli",
+            hosts=hosts,
+            policy=policy(),
         )
         return handle.id
 
@@ -75,21 +104,31 @@ def create(
 @app.command("list")
 def list_(status: Annotated[str | None, typer.Option(help="only tickets in this status")] = None) -> None:
     """Tickets from the store's projection, newest first."""
-    with session_scope(store()) as session:
-        rows = queries.list_tickets(session=session, status=status)
-        table = Table("ticket", "title", "status", "host", "agent", "attempts", "awaiting", "updated")
-        for row in rows:
-            table.add_row(
-                shown(row.ticket_id),
-                shown(row.title[:50]),
-                shown(row.status),
-                shown(row.host),
-                shown(row.agent or "-"),
-                str(row.attempts),
-                shown(row.awaiting or ""),
-                f"{row.updated_at:%Y-%m-%d %H:%M:%S}",
-            )
+    rows: Sequence[TicketRow | TicketSummary]
+    remote = shared_stack()
+    if remote is not None:
+        from daedalus.api.models import TicketSummary  # FastAPI loads only where the API is used
+
+        found = remote.call("GET", "/tickets", params={"status": status} if status else {})
+        summaries = [TicketSummary.model_validate(row) for row in found]
+        waiting = {s.ticket_id: s.waiting_on_host for s in summaries if s.waiting_on_host}
+        rows = summaries
+    else:
+        with session_scope(store()) as session:
+            rows = queries.list_tickets(session=session, status=status)
         waiting = waiting_on_hosts(rows)
+    table = Table("ticket", "title", "status", "host", "agent", "attempts", "awaiting", "updated")
+    for row in rows:
+        table.add_row(
+            shown(row.ticket_id),
+            shown(row.title[:50]),
+            shown(row.status),
+            shown(row.host),
+            shown(row.agent or "-"),
+            str(row.attempts),
+            shown(row.awaiting or ""),
+            f"{row.updated_at:%Y-%m-%d %H:%M:%S}",
+        )
     console.print(table)
     for ticket_id, line in waiting.items():
         console.print(f"[yellow]ticket {shown(ticket_id)}: {shown(line)}[/yellow]")
@@ -98,6 +137,10 @@ def list_(status: Annotated[str | None, typer.Option(help="only tickets in this 
 @app.command()
 def show(ticket_id: str) -> None:
     """Status, attempts, verdicts and the pending decision of one ticket."""
+    remote = shared_stack()
+    if remote is not None:
+        _show_remote(remote, ticket_id)
+        return
 
     async def go() -> TicketState:
         return await tickets.status(await client(), ticket_id)
@@ -107,6 +150,26 @@ def show(ticket_id: str) -> None:
         row = queries.get_ticket(session=session, ticket_id=ticket_id)
         waiting = waiting_on_hosts([row]) if row is not None and row.status == state.status.value else {}
     print_state(state, waiting.get(ticket_id))
+
+
+def _show_remote(remote: Remote, ticket_id: str) -> None:
+    from daedalus.api.models import TicketDetail
+
+    detail = TicketDetail.model_validate(remote.call("GET", f"/tickets/{ticket_id}"))
+    row = detail.projection
+    if detail.live is not None:
+        # The API's waiting line is the store row's; it holds while the live state has not moved past the row.
+        waiting = row.waiting_on_host if row is not None and row.status == detail.live.status.value else None
+        print_state(detail.live, waiting)
+    elif row is not None:
+        console.print(
+            f"[bold]ticket {shown(row.ticket_id)}[/bold]: {shown(row.title)}  \\[{shown(row.status)}]"
+        )
+        console.print(
+            f"  (Temporal did not answer in time; this is the store's record as of {row.updated_at:%H:%M:%S})"
+        )
+        if row.waiting_on_host:
+            console.print(f"  [yellow]{shown(row.waiting_on_host)}[/yellow]")
 
 
 def print_state(state: TicketState, waiting_on_host: str | None = None) -> None:
@@ -156,13 +219,15 @@ def print_state(state: TicketState, waiting_on_host: str | None = None) -> None:
 @app.command()
 def amend(
     ticket_id: str,
-    who: Annotated[str, typer.Option("--as", help="who amends")],
+    who: Annotated[str | None, typer.Option("--as", help=AS_HELP)] = None,
     spec_text: Annotated[str | None, typer.Option("--spec", help="new brief text")] = None,
     constraint: Annotated[list[str] | None, typer.Option(help="replace the constraints (repeatable)")] = None,
     max_attempts: Annotated[int | None, typer.Option(min=1, max=10)] = None,
     note: str = "",
 ) -> None:
     """Change a live ticket's brief, constraints or attempt budget (applies from the next attempt)."""
+    remote = shared_stack()
+    who = remote.acting_as(who) if remote is not None else _local_person(who)
     amendment = _model(
         SpecAmendment,
         amended_by=who,
@@ -171,6 +236,12 @@ def amend(
         max_attempts=max_attempts,
         note=note,
     )
+    if remote is not None:
+        body = amendment.model_dump(mode="json")
+        print_state(
+            TicketState.model_validate(remote.call("POST", f"/tickets/{ticket_id}/amendments", json=body))
+        )
+        return
 
     async def go() -> TicketState:
         return await tickets.amend(await client(), ticket_id, amendment)
@@ -181,50 +252,99 @@ def amend(
 @app.command()
 def cancel(
     ticket_id: str,
-    who: Annotated[str, typer.Option("--as", help="who cancels")],
     reason: Annotated[str, typer.Option(help="why")],
+    who: Annotated[str | None, typer.Option("--as", help=AS_HELP)] = None,
 ) -> None:
     """Cancel a live ticket; its running step and that step's processes on the host are stopped."""
+    remote = shared_stack()
+    who = remote.acting_as(who) if remote is not None else _local_person(who)
     request = _model(CancelRequest, requested_by=who, reason=reason)
+    if remote is not None:
+        body = request.model_dump(mode="json")
+        state = TicketState.model_validate(remote.call("POST", f"/tickets/{ticket_id}/cancel", json=body))
+    else:
 
-    async def go() -> TicketState:
-        return await tickets.cancel(await client(), ticket_id, request)
+        async def go() -> TicketState:
+            return await tickets.cancel(await client(), ticket_id, request)
 
-    state = run(go())
+        state = run(go())
     console.print(shown(f"ticket {ticket_id}: cancel requested by {who} (status now {state.status.value})"))
+
+
+@app.command()
+def terminate(
+    ticket_id: str,
+    reason: Annotated[str, typer.Option(help="why, kept in the closing audit event")],
+    who: Annotated[
+        str | None, typer.Option("--as", help=f"{AS_HELP}; a decider, or an operator of the ticket's host")
+    ] = None,
+) -> None:
+    """Last resort for a wedged ticket that cannot be cancelled: terminate its workflow and close its trail."""
+    remote = shared_stack()
+    who = remote.acting_as(who) if remote is not None else _local_person(who)
+    request = _model(TerminateRequest, requested_by=who, reason=reason)
+    if remote is not None:
+        events = remote.call("POST", f"/tickets/{ticket_id}/terminate", json=request.model_dump(mode="json"))
+        closed = [f"{event['ticket_id']} (#{event['seq']})" for event in events]
+    else:
+
+        async def go() -> list[str]:
+            closed = await termination.terminate(
+                await client(),
+                ticket_id,
+                by=request.requested_by,
+                reason=request.reason,
+                store=store(),
+                policy=policy(),
+            )
+            return [f"{event.ticket_id} (#{event.seq})" for event in closed]
+
+        closed = run(go())
+    console.print(shown(f"ticket {ticket_id} terminated by {who}; closing audit events: {', '.join(closed)}"))
 
 
 def decide(
     request_id: Annotated[str, typer.Argument(help="e.g. 4-dispatch-1 (see `daedalus ticket show`)")],
     option: Annotated[str, typer.Argument(help="one of the request's options")],
-    who: Annotated[str, typer.Option("--as", help="who decides")],
+    who: Annotated[str | None, typer.Option("--as", help=AS_HELP)] = None,
     note: Annotated[str, typer.Option(help="reason, kept in the audit trail")] = "",
 ) -> None:
     """Answer a pending decision. Refused (and nothing written) for an unknown request, option or decider."""
+    remote = shared_stack()
+    who = remote.acting_as(who) if remote is not None else _local_person(who)
     decision = _model(
         Decision, request_id=request_id, option=option, decided_by=who, note=note, channel="cli"
     )
+    if remote is not None:
+        remote.call("POST", "/decisions", json=decision.model_dump(mode="json"))
+    else:
 
-    async def go() -> object:
-        return await tickets.decide(await client(), decision, store=store())
+        async def go() -> object:
+            return await tickets.decide(await client(), decision, store=store(), policy=policy())
 
-    run(go())
+        run(go())
     console.print(shown(f"{who} chose {option!r} for {request_id}"))
 
 
 def delegate(
     ticket_id: str,
     to: Annotated[str, typer.Option(help="who may decide on your behalf")],
-    who: Annotated[str, typer.Option("--as", help="the decider delegating")],
+    who: Annotated[str | None, typer.Option("--as", help=AS_HELP)] = None,
     kind: Annotated[DecisionKind, typer.Option(help="which decisions")] = DecisionKind.DISPATCH,
 ) -> None:
     """Let someone decide one kind of decision for a ticket ("the lead may dispatch on my behalf")."""
+    remote = shared_stack()
+    who = remote.acting_as(who) if remote is not None else _local_person(who)
     delegation = _model(Delegation, granted_by=who, delegate=to, kind=kind)
+    if remote is not None:
+        body = delegation.model_dump(mode="json")
+        people = remote.call("POST", f"/tickets/{ticket_id}/delegations", json=body)["delegates"]
+    else:
 
-    async def go() -> list[str]:
-        return await tickets.delegate(await client(), ticket_id, delegation)
+        async def go() -> list[str]:
+            return await tickets.delegate(await client(), ticket_id, delegation)
 
-    people = run(go())
+        people = run(go())
     console.print(shown(f"ticket {ticket_id}: {kind.value} decisions may now also be made by {people}"))
 
 
@@ -245,7 +365,17 @@ def audit(
     """The audit trail from the store: one line per transition, oldest first."""
     if context.invoked_subcommand is not None:
         return
+    from daedalus.api.models import AuditEventPublic  # FastAPI loads only where the API is used
+
     since_at = parse_since(since) if since else None
+    remote = shared_stack()
+    if remote is not None:
+        query: dict[str, str | int] = {"limit": limit}
+        query.update({k: v for k, v in (("ticket", ticket), ("actor", actor)) if v is not None})
+        if since_at is not None:
+            query["since"] = since_at.isoformat()
+        print_audit([AuditEventPublic.model_validate(e) for e in remote.call("GET", "/audit", params=query)])
+        return
     with session_scope(store()) as session:
         events = queries.audit_events(
             session=session, ticket_id=ticket, actor=actor, since=since_at, limit=limit
@@ -253,7 +383,7 @@ def audit(
         print_audit(events)
 
 
-def print_audit(events: Sequence[AuditEventRow]) -> None:
+def print_audit(events: Sequence[AuditEventRow | AuditEventPublic]) -> None:
     table = Table("at", "ticket", "#", "kind", "actor", "status", "summary")
     for event in events:
         table.add_row(
@@ -268,10 +398,18 @@ def print_audit(events: Sequence[AuditEventRow]) -> None:
     console.print(table)
 
 
-def parse_since(text: str) -> datetime:
+def parse_duration(text: str) -> timedelta | None:
+    """`30m`, `2h`, `3d` as a timedelta; None when the text is not such a duration."""
     units = {"m": "minutes", "h": "hours", "d": "days"}
-    if text[:-1].isdigit() and text[-1] in units:
-        return datetime.now(UTC) - timedelta(**{units[text[-1]]: int(text[:-1])})
+    if text[:-1].isdigit() and text[-1:] in units:
+        return timedelta(**{units[text[-1]]: int(text[:-1])})
+    return None
+
+
+def parse_since(text: str) -> datetime:
+    duration = parse_duration(text)
+    if duration is not None:
+        return datetime.now(UTC) - duration
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from daedalus import services
-from daedalus.cli._common import client, console, fail, registry, run, settings
+from daedalus.cli._common import client, console, fail, policy, registry, run, settings
 from daedalus.decisions.schemas import Decision, TrainingRunSubject
 from daedalus.escaping import for_terminal as shown
 from daedalus.schemas.training import StopTraining, TrainingRunStatus
@@ -22,13 +22,22 @@ app = typer.Typer(help="Training runs supervised by the watchdog.", no_args_is_h
 
 
 @app.command()
-def start(file: Annotated[Path, typer.Option("-f", "--file", help="run.yaml")]) -> None:
-    """Start a training run (workflow id training-<name>); refuses a second live run of the same name."""
+def start(
+    file: Annotated[Path, typer.Option("-f", "--file", help="run.yaml")],
+    started_by: Annotated[str, typer.Option("--as", help="who starts it")] = "cli",
+) -> None:
+    """Start a training run (workflow id training-<name>); refuses a second live run of the same name. Under a
+    policy, a run on a host you do not operate waits for someone else's dispatch decision."""
 
     async def go() -> tuple[str, str]:
         spec = services.load_run_spec(file)
         handle = await services.start_run(
-            await client(), spec, queue=settings().temporal.control_queue, hosts=registry()
+            await client(),
+            spec,
+            queue=settings().temporal.control_queue,
+            hosts=registry(),
+            started_by=started_by,
+            policy=policy(),
         )
         return handle.id, spec.host
 
@@ -85,11 +94,12 @@ def stop(
 @app.command()
 def decide(
     name: str,
-    option: Annotated[str, typer.Argument(help="restart | stop")],
+    option: Annotated[str, typer.Argument(help="approve | reject (dispatch), restart | stop (escalation)")],
     who: Annotated[str, typer.Option("--as", help="who decides (must be a decider of the run)")],
     note: Annotated[str, typer.Option(help="reason, kept in the audit trail")] = "",
 ) -> None:
-    """Answer a run's pending escalation (after its third death): restart from the checkpoint, or stop."""
+    """Answer a run's pending decision: its dispatch (approve | reject), or its escalation after its third death
+    (restart from the checkpoint | stop)."""
 
     async def answer() -> TrainingRunStatus:
         temporal = await client()
@@ -102,7 +112,9 @@ def decide(
             )
         except ValidationError as exc:
             fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
-        decided = await services.decide(temporal, decision, subject=TrainingRunSubject(run=name))
+        decided = await services.decide(
+            temporal, decision, subject=TrainingRunSubject(run=name), policy=policy()
+        )
         assert isinstance(decided, TrainingRunStatus), (
             "a training run's decide update answers with its status"
         )

@@ -32,6 +32,11 @@ def refusal(
     if decision.option not in request.options:
         return f"unknown option {decision.option!r} for {request.id}; choose one of {request.options}"
     allowed = request.allowed
+    if decision.decided_by.lower() in request.excluded:
+        return (
+            f"{decision.decided_by} filed {label or request.subject_label} and may not decide its "
+            f"{request.kind.value}; ask someone else with authority: {allowed}"
+        )
     if decision.decided_by.lower() not in allowed:
         return (
             f"{decision.decided_by} may not decide {request.kind.value} for {label or request.subject_label}; "

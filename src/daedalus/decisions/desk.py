@@ -154,13 +154,21 @@ class DecisionDesk:
         *,
         ticket_id: str,
         before_write: Callable[[DecisionRequest], None] = lambda request: None,
+        excluded: Sequence[str] = (),
     ) -> Answer[E] | None:
         """Ask, then wait for the answer (None when interrupted). A request carried over from the previous
-        run of this workflow (continue-as-new) of the same kind is waited on again, not asked twice."""
+        run of this workflow (continue-as-new) of the same kind is waited on again, not asked twice.
+        `excluded` may not answer even when they are deciders or delegates (a filer, for their own dispatch)."""
         carried = self.state.pending
         if carried is None or carried.kind is not kind:
             await self.request(
-                kind, question, options, evidence, ticket_id=ticket_id, before_write=before_write
+                kind,
+                question,
+                options,
+                evidence,
+                ticket_id=ticket_id,
+                before_write=before_write,
+                excluded=excluded,
             )
         return await self.wait(options, waiting)
 
@@ -173,6 +181,7 @@ class DecisionDesk:
         *,
         ticket_id: str,
         before_write: Callable[[DecisionRequest], None] = lambda request: None,
+        excluded: Sequence[str] = (),
     ) -> DecisionRequest:
         """Make the request, write it to the trail (`before_write` moves the workflow's status first), post it."""
         number = self.state.requests_made + 1
@@ -187,6 +196,7 @@ class DecisionDesk:
             delegates=self.state.delegates.get(kind.value, []),
             requested_at=workflow.now(),
             subject=self.subject,
+            excluded=list(excluded),
         )
         self._set(requests_made=number, pending=request)
         self._answer = None

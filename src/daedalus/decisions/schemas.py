@@ -66,6 +66,13 @@ class TrainingEscalationOption(StrEnum):
     STOP = "stop"
 
 
+class CampaignProposalOption(StrEnum):
+    """A campaign proposes the Pareto-best preset: adopt it, or not."""
+
+    ADOPT = "adopt"
+    REJECT = "reject"
+
+
 class TicketSubject(Model):
     kind: Literal["ticket"] = "ticket"
     ticket_id: str
@@ -127,11 +134,16 @@ class DecisionRequest(Model):
     subject: DecisionSubject | None = Field(
         default=None, description="whose workflow asked; None only in requests made before subjects existed"
     )
+    excluded: list[str] = Field(
+        default_factory=list,
+        description="who may not answer even when named above: the filer, for their own ticket's dispatch",
+    )
 
     @property
     def allowed(self) -> list[str]:
-        """Who may answer: the deciders, then their delegates for this kind."""
-        return [*self.deciders, *(d for d in self.delegates if d not in self.deciders)]
+        """Who may answer: the deciders, then their delegates for this kind, never the excluded."""
+        named = [*self.deciders, *(d for d in self.delegates if d not in self.deciders)]
+        return [person for person in named if person not in self.excluded]
 
     @property
     def subject_label(self) -> str:
@@ -157,6 +169,19 @@ class Delegation(SpecModel):
     delegate: str = Field(pattern=PERSON_PATTERN)
     kind: DecisionKind = DecisionKind.DISPATCH
     channel: Channel = Channel.CLI
+
+
+class DispatchRule(Model):
+    """The server's policy for one subject's dispatch, resolved when it is filed (a workflow cannot read the
+    policy file): whether it waits for a dispatch decision before anything runs on a host, who may not answer
+    it, and the commands the request shows."""
+
+    required: bool
+    excluded: list[str] = Field(default_factory=list, description="who may not approve it: the filer")
+    commands: list[str] = Field(
+        default_factory=list, description="what will run on the host, shown in the request's evidence"
+    )
+    reason: str = Field(default="", description="why approval is (not) required, from the policy")
 
 
 class DeskState(Model):

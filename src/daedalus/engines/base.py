@@ -17,7 +17,7 @@ import structlog
 from daedalus.engines.metrics import flatten
 from daedalus.engines.openai_api import OpenAIEndpoint
 from daedalus.engines.process import GroupProcess, tail
-from daedalus.errors import EngineError, MetricsUnavailable, ServerDied
+from daedalus.errors import EngineError, EngineSetupError, MetricsUnavailable, ServerDied
 from daedalus.ports import port_in_use
 from daedalus.schemas.engines import LlamaCppPreset, VllmPreset
 
@@ -145,9 +145,11 @@ class EngineAdapter(abc.ABC):
     def validate(self, model: Path, port: int) -> None:
         """Reject what would fail at launch, before any process exists."""
         if not model.is_file():
-            raise EngineError(f"model file {model} does not exist; write one with `daedalus engine model`")
+            raise EngineSetupError(
+                f"model file {model} does not exist; write one with `daedalus engine model`"
+            )
         if port_in_use(port):
-            raise EngineError(f"port {port} is in use; pick another port or stop whatever listens there")
+            raise EngineSetupError(f"port {port} is in use; pick another port or stop whatever listens there")
 
     async def launch(
         self,

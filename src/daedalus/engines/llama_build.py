@@ -25,7 +25,7 @@ import structlog
 
 from daedalus.engines.paths import cache_root
 from daedalus.engines.process import run_logged, tail
-from daedalus.errors import BuildError, EngineError
+from daedalus.errors import BuildError, EngineError, EngineSetupError
 
 log = structlog.get_logger(__name__)
 
@@ -160,7 +160,7 @@ class LlamaBuild:
 def source_hash(source: Path) -> str:
     """sha256 over every file's relative path and content, so any edit to the tree is a new build."""
     if not (source / "CMakeLists.txt").is_file():
-        raise EngineError(
+        raise EngineSetupError(
             f"{source} is not a llama.cpp source tree (no CMakeLists.txt); run scripts/fetch_llama_cpp.sh "
             "or pass --source pointing at a llama.cpp checkout"
         )

@@ -10,7 +10,7 @@ from daedalus.engines.base import EngineAdapter, Server
 from daedalus.engines.llama_build import LlamaBuild
 from daedalus.engines.llama_cpp import LlamaCppAdapter
 from daedalus.engines.vllm import VllmAdapter
-from daedalus.errors import EngineError
+from daedalus.errors import EngineSetupError
 from daedalus.ports import free_port
 from daedalus.schemas.engines import LlamaCppPreset, VllmPreset
 
@@ -19,7 +19,9 @@ def adapter_for(preset: LlamaCppPreset | VllmPreset, build: LlamaBuild | None) -
     if isinstance(preset, VllmPreset):
         return VllmAdapter(preset)
     if build is None:
-        raise EngineError(f"preset {preset.name} needs a llama.cpp build; run `daedalus engine build` first")
+        raise EngineSetupError(
+            f"preset {preset.name} needs a llama.cpp build; run `daedalus engine build` first"
+        )
     return LlamaCppAdapter(build, preset)
 
 

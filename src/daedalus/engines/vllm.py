@@ -16,7 +16,7 @@ from pathlib import Path
 
 from daedalus.engines.base import EngineAdapter, Server
 from daedalus.engines.metrics import counter, flatten, labels
-from daedalus.errors import EngineError
+from daedalus.errors import EngineError, EngineSetupError
 from daedalus.schemas._base import Model
 from daedalus.schemas.engines import VllmPreset
 
@@ -177,12 +177,12 @@ class VllmAdapter(EngineAdapter):
     def validate(self, model: Path, port: int) -> None:
         # A model may be a Hugging Face id on GPU hosts, so only a path-looking model must exist.
         if (model.is_absolute() or str(model).startswith(".")) and not model.exists():
-            raise EngineError(f"model path {model} does not exist")
+            raise EngineSetupError(f"model path {model} does not exist")
         if shutil.which(self.executable) is None and importlib.util.find_spec("vllm") is None:
-            raise EngineError(
+            raise EngineSetupError(
                 "vLLM is not installed on this worker; install the extra: pip install 'daedalus[vllm]'"
             )
         from daedalus.ports import port_in_use
 
         if port_in_use(port):
-            raise EngineError(f"port {port} is in use; pick another port or stop whatever listens there")
+            raise EngineSetupError(f"port {port} is in use; pick another port or stop whatever listens there")

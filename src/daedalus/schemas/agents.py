@@ -78,6 +78,10 @@ class AgentResult(Model):
     detail: str = ""
     duration_s: float | None = None
     artifacts: str | None = Field(default=None, description="the attempt's artifact directory")
+    traps: list[str] = Field(
+        default_factory=list,
+        description="what the agent reported tripping over (`TRAP:` lines): recorded as lessons on the engine",
+    )
 
     def summary(self) -> str:
         """One line per attempt, so attempts read side by side in an escalation."""

@@ -91,6 +91,9 @@ class CampaignSpec(Model):
     )
     deciders: list[str] = Field(default_factory=lambda: ["wayne"], min_length=1)
     cell_timeout_s: int = Field(default=600, gt=0)
+    reminder_interval_s: int | None = Field(
+        default=86_400, gt=0, description="remind the deciders of a waiting proposal this often (None: never)"
+    )
 
     @field_validator("deciders")
     @classmethod
@@ -163,6 +166,9 @@ class CellInput(Model):
     spec: CampaignSpec
     cell: CampaignCell
     filing: str = Field(default="", description="the workflow's first run id: the artifact directory's key")
+    gpus: list[int] | None = Field(
+        default=None, description="the GPUs leased for the cell: the engine sees them as CUDA_VISIBLE_DEVICES"
+    )
 
 
 class CellResult(Model):
@@ -217,6 +223,12 @@ class CampaignInput(Model):
     spec: CampaignSpec
     control_queue: str = ""
     filed_by: str = Field(default="lead", pattern=PERSON_PATTERN)
+    host_gpus: int = Field(
+        default=0,
+        ge=0,
+        description="the GPUs the host declares (hosts.yaml), filled by the starter from the registry: with any, "
+        "each cell runs under a lease on all of them",
+    )
 
 
 class CampaignStatus(Model):

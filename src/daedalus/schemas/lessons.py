@@ -15,6 +15,7 @@ from pydantic import Field, field_validator
 from daedalus.schemas._base import Model
 
 MAX_LESSON_CHARS = 500
+QUESTION_CHARS = 160
 
 
 class SubjectKind(StrEnum):
@@ -141,7 +142,10 @@ def decision_note_lesson(
     if not note.strip():
         return []
     kind, subject = _subjects(engine, host)[0]
-    text = f"{decided_by} chose {option} on '{question}': {note}"
+    asked = " ".join(question.split())
+    if len(asked) > QUESTION_CHARS:  # the note is the lesson: a long question must not crowd it out
+        asked = asked[: QUESTION_CHARS - 1] + "…"
+    text = f"{decided_by} chose {option} on '{asked}': {note}"
     return [
         Lesson(
             subject_kind=kind,

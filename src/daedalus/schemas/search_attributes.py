@@ -1,10 +1,22 @@
-"""Search attributes that mirror a ticket's state in the Temporal UI (List Filter: DaedalusStatus="gating")."""
+"""Search attributes that mirror a ticket's state in the Temporal UI (List Filter: DaedalusStatus="gating").
+
+`DaedalusWaitingFor` is a KeywordList, one entry per person who may answer the pending decision, so
+`DaedalusWaitingFor = "wayne"` finds every ticket waiting for Wayne whether or not he delegated. It has a new name
+because the Keyword `DaedalusAwaiting` ("wayne,lead" in one string) may already be registered on a server, and a
+registered attribute never changes type (the dev server silently keeps the old one). New code never writes
+`DaedalusAwaiting`; it clears it on tickets that started with it (`LEGACY_AWAITING`).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.common import (
+    SearchAttributeIndexedValueType,
+    SearchAttributeKey,
+    SearchAttributePair,
+    TypedSearchAttributes,
+)
 
 if TYPE_CHECKING:
     from daedalus.schemas.ticket import TicketSpec
@@ -14,12 +26,35 @@ STATUS = SearchAttributeKey.for_keyword("DaedalusStatus")
 ENGINE = SearchAttributeKey.for_keyword("DaedalusEngine")
 HOST = SearchAttributeKey.for_keyword("DaedalusHost")
 AGENT = SearchAttributeKey.for_keyword("DaedalusAgent")
-AWAITING = SearchAttributeKey.for_keyword("DaedalusAwaiting")
+WAITING_FOR = SearchAttributeKey.for_keyword_list("DaedalusWaitingFor")
+OUTCOME = SearchAttributeKey.for_keyword("DaedalusOutcome")
+"""How a closed ticket ended, in words ("passed", "failed", "closed under exception"...): Temporal shows every
+closed ticket as COMPLETED, because a failed gate is the ticket's finding, not a failure of its workflow."""
+LEGACY_AWAITING = SearchAttributeKey.for_keyword("DaedalusAwaiting")
+"""Written by tickets filed before `DaedalusWaitingFor`; cleared, never registered on a new server."""
 
-SEARCH_ATTRIBUTES = (TICKET_ID, STATUS, ENGINE, HOST, AGENT, AWAITING)
+SEARCH_ATTRIBUTES: tuple[SearchAttributeKey[Any], ...] = (
+    TICKET_ID,
+    STATUS,
+    ENGINE,
+    HOST,
+    AGENT,
+    WAITING_FOR,
+    OUTCOME,
+)
+TYPE_NAMES = {
+    SearchAttributeIndexedValueType.KEYWORD: "Keyword",
+    SearchAttributeIndexedValueType.KEYWORD_LIST: "KeywordList",
+}
+"""How `temporal server start-dev --search-attribute` and `temporal operator search-attribute create` spell them."""
 
 
-def ticket_identity(spec: TicketSpec) -> dict[SearchAttributeKey[str], str]:
+def registration(key: SearchAttributeKey[Any]) -> str:
+    """`DaedalusWaitingFor=KeywordList`: the dev server's `--search-attribute` argument for `key`."""
+    return f"{key.name}={TYPE_NAMES[key.indexed_value_type]}"
+
+
+def ticket_identity(spec: TicketSpec) -> dict[SearchAttributeKey[Any], Any]:
     """The attributes fixed for a ticket's whole life."""
     return {
         TICKET_ID: spec.id,

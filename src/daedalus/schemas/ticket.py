@@ -13,7 +13,7 @@ from daedalus.decisions.schemas import Decision as Decision
 from daedalus.decisions.schemas import DecisionKind as DecisionKind
 from daedalus.decisions.schemas import DecisionRequest as DecisionRequest
 from daedalus.decisions.schemas import Delegation as Delegation
-from daedalus.decisions.schemas import DeskState
+from daedalus.decisions.schemas import DeskState, DispatchRule
 from daedalus.schemas._base import Model, SpecModel
 from daedalus.schemas.audit import TrailState
 from daedalus.schemas.gates import GateResult, GateSpec
@@ -202,6 +202,8 @@ class TicketStatus(StrEnum):
     CLOSED_UNDER_EXCEPTION = "closed_under_exception"
     STOPPED_BY_RULES = "stopped_by_rules"
     CANCELLED = "cancelled"
+    TERMINATED = "terminated"
+    """Ended by `daedalus ticket terminate` (a wedged workflow); written by the service layer, never the workflow."""
 
     @property
     def is_closed(self) -> bool:
@@ -215,6 +217,7 @@ CLOSED_STATUSES = frozenset(
         TicketStatus.CLOSED_UNDER_EXCEPTION,
         TicketStatus.STOPPED_BY_RULES,
         TicketStatus.CANCELLED,
+        TicketStatus.TERMINATED,
     }
 )
 
@@ -256,6 +259,13 @@ class SpecAmendment(SpecModel):
 
 
 class CancelRequest(SpecModel):
+    requested_by: str = Field(pattern=PERSON_PATTERN)
+    reason: Note = Field(min_length=1)
+
+
+class TerminateRequest(SpecModel):
+    """The last resort for a wedged ticket (`daedalus ticket terminate`): who asks, and why."""
+
     requested_by: str = Field(pattern=PERSON_PATTERN)
     reason: Note = Field(min_length=1)
 
@@ -308,6 +318,11 @@ class TicketInput(Model):
         default=2000, ge=30, le=9000, description="continue as new, at a reminder, past this many events"
     )
     carry: TicketCarry | None = Field(default=None, description="set only by the ticket continuing as new")
+    dispatch: DispatchRule | None = Field(
+        default=None,
+        description="the server policy's dispatch rule, resolved at filing; None: the spec's own (tickets filed "
+        "before the policy, or with no policy configured)",
+    )
 
 
 class TicketState(Model):

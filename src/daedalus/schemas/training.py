@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
-from daedalus.decisions.schemas import Decision, DecisionRequest, DeskState
+from daedalus.decisions.schemas import Decision, DecisionRequest, DeskState, DispatchRule
 from daedalus.ids import training_workflow_id
 from daedalus.schemas._base import Model, SpecModel
 from daedalus.schemas.audit import TrailState
@@ -357,6 +357,10 @@ class TrainingRunInput(Model):
         default=0,
         ge=0,
         description="the host's GPUs (hosts.yaml, at start): the run holds a lease on them all",
+    )
+    dispatch: DispatchRule | None = Field(
+        default=None,
+        description="the server policy's dispatch rule, resolved at start; None: starts at once (no policy)",
     )
 
 

@@ -8,7 +8,7 @@ They are the pieces the ticket workflow needs for the search attributes `Daedalu
 
 from __future__ import annotations
 
-from daedalus.schemas.ticket import TicketStatus
+from daedalus.schemas.ticket import TicketSpec, TicketStatus
 
 SUMMARY_LIMIT = 200  # Temporal truncates long summaries in the list; keep them readable there
 
@@ -95,3 +95,23 @@ def current_details(
 def gate_activity_summary(gate: str, rule: str, *, attempt: int, round: int = 1) -> str:
     """The timeline bar's label for a gate activity: which gate, its rule, which attempt and round."""
     return _clip(f"gate {gate}: {rule} (attempt {attempt}, round {round})")
+
+
+def start_summary(spec: TicketSpec) -> str:
+    """The workflow's static summary, fixed at start (the list's Summary column): which ticket, on which host."""
+    return _clip(f"ticket {spec.id}: {spec.title} ({spec.host})")
+
+
+def start_details(spec: TicketSpec) -> str:
+    """The workflow's static details (Markdown, the top of its page): what the ticket is and what decides it."""
+    lines = [f"**{spec.id}** {spec.title}", ""]
+    lines.append(f"- host `{spec.host}`; engine `{spec.engine.name if spec.engine else 'none'}`")
+    lines.append(
+        f"- agent `{spec.agent.name.value if spec.agent else 'none'}`; up to {spec.max_attempts} attempts"
+    )
+    if spec.parent:
+        lines.append(f"- sub-ticket of {spec.parent}")
+    if spec.children:
+        lines.append(f"- sub-tickets: {', '.join(child.id for child in spec.children)}")
+    lines += [f"- gate `{gate.name}`: {gate.describe()}" for gate in spec.gates]
+    return "\n".join(lines)

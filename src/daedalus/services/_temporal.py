@@ -8,15 +8,21 @@ from pydantic import BaseModel
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from daedalus.errors import TicketError as TicketError
 from daedalus.errors import UnknownRequest as UnknownRequest
 
 
-async def connect(address: str, namespace: str = "default") -> Client:
+async def connect(
+    address: str, namespace: str = "default", *, tls: bool | TLSConfig = False, api_key: str | None = None
+) -> Client:
+    """A client; `tls` and `api_key` close a production frontend to all but Daedalus's services
+    (`TemporalSettings.connection()` builds them from DAEDALUS_TEMPORAL_TLS_* and _API_KEY)."""
     try:
-        return await Client.connect(address, namespace=namespace, data_converter=pydantic_data_converter)
+        return await Client.connect(
+            address, namespace=namespace, data_converter=pydantic_data_converter, tls=tls, api_key=api_key
+        )
     except RuntimeError as error:
         raise TicketError(
             f"cannot reach Temporal at {address} ({error}); start it with `daedalus up`, "

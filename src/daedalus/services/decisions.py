@@ -23,6 +23,7 @@ from daedalus.decisions.schemas import (
     TicketSubject,
     TrainingRunSubject,
 )
+from daedalus.errors import NotAllowed
 from daedalus.schemas.campaigns import CampaignStatus
 from daedalus.schemas.ticket import TicketState
 from daedalus.schemas.training import TrainingRunStatus
@@ -111,4 +112,4 @@ async def _check_policy(
             assert_never(subject)
     why = refusal(request, decision, policy) if request is not None else None
     if why is not None:
-        raise TicketError(f"{subject.label} refused: {why}")
+        raise NotAllowed(f"{subject.label} refused: {why}")

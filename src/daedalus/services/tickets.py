@@ -16,6 +16,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from daedalus.decisions.policy import Policy, resolve_ticket
 from daedalus.hosts.registry import Registry
 from daedalus.ids import ticket_workflow_id
 from daedalus.schemas import search_attributes
@@ -28,6 +29,7 @@ from daedalus.schemas.ticket import (
     TicketSpec,
     TicketState,
 )
+from daedalus.schemas.ui import start_details, start_summary
 from daedalus.services._temporal import TicketError, update
 from daedalus.workflows.ticket import TicketWorkflow
 
@@ -139,11 +141,15 @@ async def file_ticket(
     queue: str,
     filed_by: str = "cli",
     hosts: Registry | None = None,
+    policy: Policy | None = None,
 ) -> WorkflowHandle[Any, Any]:
     """Start `ticket-<id>`; refuses while a ticket with that id is live, allows re-filing a closed one.
 
     With `hosts` (the registry), a ticket naming an undeclared host is refused before anything starts, and the
-    workflow is told each host's schedule-to-start limit and GPUs (without it: no limit, no GPU leases).
+    workflow is told each host's schedule-to-start limit and GPUs (without it: no limit, no GPU leases). With
+    the server's `policy` (every entry point that has one passes it), the filer must be allowed to file, a
+    spec that loosens its approval is refused, and the ticket waits for a dispatch decision by someone else
+    unless the policy lets the filer operate its hosts. Without one, the spec's own approval rules apply.
     """
     require_workable(spec)
     await _refuse_live_children(client, spec)
@@ -151,15 +157,20 @@ async def file_ticket(
     if hosts is not None:
         require_known_hosts(spec, hosts)
         facts = {t.host: hosts.host(t.host).facts() for t in descendants(spec)}
+    dispatch = None
+    if policy is not None:
+        spec, dispatch = resolve_ticket(policy, spec, filed_by)
     try:
         return await client.start_workflow(
             TicketWorkflow.run,
-            TicketInput(spec=spec, filed_by=filed_by, hosts=facts),
+            TicketInput(spec=spec, filed_by=filed_by, dispatch=dispatch, hosts=facts),
             id=ticket_workflow_id(spec.id),
             task_queue=queue,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
             id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
             search_attributes=search_attributes.at_start(spec),
+            static_summary=start_summary(spec),
+            static_details=start_details(spec),
         )
     except WorkflowAlreadyStartedError as error:
         raise TicketError(

@@ -95,9 +95,16 @@ def _update(
 
 
 def _withdraw_pending(session: Session, subject: str, at: datetime) -> None:
-    """A subject that closed answers nothing more: its unanswered requests stop counting as waiting."""
+    """A subject that closed answers nothing more: its unanswered requests stop counting as waiting.
+
+    Its requests are the ones its own trail asked, never found by request id prefix: ticket `4` closing
+    must leave ticket `4-fix`'s pending request (`4-fix-dispatch-1`) waiting."""
+    asked = select(AuditEventRow.detail).where(
+        AuditEventRow.ticket_id == subject, AuditEventRow.kind == AuditKind.DECISION_REQUESTED.value
+    )
+    request_ids = [detail["request"] for detail in session.exec(asked) if "request" in detail]
     query = select(DecisionRow).where(
-        col(DecisionRow.request_id).startswith(f"{subject}-"), col(DecisionRow.decided_at).is_(None)
+        col(DecisionRow.request_id).in_(request_ids), col(DecisionRow.decided_at).is_(None)
     )
     for row in session.exec(query):
         row.note, row.decided_at = "withdrawn: closed without an answer", at

@@ -1,4 +1,5 @@
-"""SQLModel tables. Rows are written only through `daedalus.store.records.apply`, one audit event at a time."""
+"""SQLModel tables. The audit trail and its projections are written only through `daedalus.store.records.apply`,
+one audit event at a time; API tokens only through `daedalus.store.tokens`."""
 
 from datetime import datetime
 from typing import Any
@@ -191,3 +192,19 @@ class CampaignCellRow(SQLModel, table=True):
     detail: str = ""
     evidence: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     measured_at: datetime
+
+
+class ApiTokenRow(SQLModel, table=True):
+    """An API bearer token, stored as a salted hash (store/tokens.py); the token itself is shown once, at
+    `daedalus token create`, and kept nowhere. Written by the token commands, not by audit events."""
+
+    __tablename__ = "api_tokens"
+
+    token_id: str = Field(primary_key=True, description="the token's public part, dtk_<token_id>_<secret>")
+    person: str = Field(index=True)
+    salt: str = Field(description="16 random bytes, hex")
+    digest: str = Field(description="sha256(salt + secret), hex")
+    created_at: datetime
+    created_by: str = Field(description="who ran `daedalus token create` (the local user)")
+    expires_at: datetime | None = None
+    revoked_at: datetime | None = None

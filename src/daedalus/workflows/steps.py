@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TimeoutError, TimeoutType
 
 with workflow.unsafe.imports_passed_through():
@@ -91,10 +91,12 @@ class Steps:
         retry: RetryPolicy = STEP_RETRY,
         schedule_to_start: timedelta | None = None,
         interruptible: bool = True,
+        summary: str | None = None,
     ) -> Out | StepFailed:
         """Run `ref` on `host`'s queue; a step that fails after its retries is a result, not a crash. With
         `schedule_to_start`, a step no worker takes within it fails as UNSERVED. `interruptible=False` is for
-        a step inside a larger one that `run` already makes interruptible (a gate under its lease)."""
+        a step inside a larger one that `run` already makes interruptible (a gate under its lease). `summary`
+        labels the step's bar in the Temporal UI's timeline."""
         call = ref.execute(
             argument,
             task_queue=host_queue(host),
@@ -102,6 +104,7 @@ class Steps:
             schedule_to_start_timeout=schedule_to_start,
             heartbeat_timeout=heartbeat,
             retry_policy=retry,
+            summary=summary,
         )
         try:
             return await (self.run(call) if interruptible else call)
@@ -138,14 +141,27 @@ def history_is_long(limit: int) -> bool:
 
 
 class SearchAttributesMirror:
-    """Mirrors state in the Temporal UI's search attributes; upserts only changed values (each is a write)."""
+    """Mirrors state in the Temporal UI's search attributes; upserts only changed values (each is a write).
+
+    A value of None clears the attribute when the run has it (a legacy attribute), and only along with another
+    change, so clearing it never adds an upsert of its own to a history recorded before it was cleared."""
 
     def __init__(self) -> None:
         # What the run started with: the starter sets a ticket's identity, continue-as-new keeps them all.
-        self.published = {pair.key.name: str(pair.value) for pair in workflow.info().typed_search_attributes}
+        self.published: dict[str, Any] = {
+            pair.key.name: pair.value for pair in workflow.info().typed_search_attributes
+        }
 
-    def publish(self, values: dict[SearchAttributeKey[str], str]) -> None:
-        changed = [key.value_set(v) for key, v in values.items() if self.published.get(key.name) != v]
-        if changed:
-            workflow.upsert_search_attributes(changed)
-            self.published.update({key.name: value for key, value in values.items()})
+    def publish(self, values: Mapping[SearchAttributeKey[Any], Any]) -> None:
+        changed: list[SearchAttributeUpdate[Any]] = [
+            key.value_set(v)
+            for key, v in values.items()
+            if v is not None and self.published.get(key.name) != v
+        ]
+        if not changed:
+            return
+        cleared = [key for key, v in values.items() if v is None and key.name in self.published]
+        workflow.upsert_search_attributes([*changed, *(key.value_unset() for key in cleared)])
+        self.published.update({key.name: v for key, v in values.items() if v is not None})
+        for key in cleared:
+            del self.published[key.name]

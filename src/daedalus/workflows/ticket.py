@@ -43,9 +43,12 @@ with workflow.unsafe.imports_passed_through():
         TicketState,
         TicketStatus,
     )
+    from daedalus.schemas.ui import start_details, start_summary
     from daedalus.workflows import ticket_rules as rules
-    from daedalus.workflows.steps import Interrupted, SearchAttributesMirror, Steps, history_is_long
+    from daedalus.workflows.steps import Interrupted, Steps, history_is_long
+    from daedalus.workflows.ticket_lessons import TicketLessons
     from daedalus.workflows.ticket_steps import HostProblem, TicketSteps
+    from daedalus.workflows.ticket_ui import TicketUi
     from daedalus.workflows.trail import AuditTrail
 
 CHILDREN_BUILD_ON_PREDECESSOR = "children-build-on-predecessor"
@@ -77,8 +80,9 @@ class TicketWorkflow:
         )
         self.cancel_request: CancelRequest | None = None
         self.steps = Steps(lambda: self.cancel_request is not None)
-        self.work = TicketSteps(self.steps, self.trail, ticket.hosts)
-        self.ui = SearchAttributesMirror()
+        self.ui = TicketUi()
+        self.lessons = TicketLessons()
+        self.work = TicketSteps(self.steps, self.trail, self.ui, self.lessons, ticket.hosts)
         self.trail.begin()
 
     # ---- queries and updates -------------------------------------------------------------------------
@@ -161,10 +165,11 @@ class TicketWorkflow:
 
     @workflow.run
     async def run(self, ticket: TicketInput) -> TicketState:
-        self.ui.publish(sa.ticket_identity(self.spec))  # a no-op when the starter (or the last run) set them
+        self.ui.identity(self.spec)
         if ticket.carry is None:
             filed = f"filed by {ticket.filed_by}: {self.spec.title}"
-            await self.trail.record(AuditKind.FILED, filed, actor=ticket.filed_by)
+            policy = {"dispatch": ticket.dispatch.reason} if ticket.dispatch is not None else None
+            await self.trail.record(AuditKind.FILED, filed, actor=ticket.filed_by, detail=policy)
         try:
             status, reason = await self._lifecycle()
         except (asyncio.CancelledError, Interrupted):
@@ -181,10 +186,12 @@ class TicketWorkflow:
 
     async def _lifecycle(self) -> rules.Closed:
         spec = self.spec
-        dispatch = None if self.s.dispatch_approved else rules.dispatch_question(spec)
+        rule = self.input.dispatch  # the server's policy, resolved at filing (None: the spec's own rules)
+        dispatch = None if self.s.dispatch_approved else rules.dispatch_question(spec, rule)
         if dispatch is not None:
             question, evidence = dispatch
-            answer = await self._ask(DecisionKind.DISPATCH, question, DispatchOption, evidence)
+            excluded = rule.excluded if rule is not None else []
+            answer = await self._ask(DecisionKind.DISPATCH, question, DispatchOption, evidence, excluded)
             if answer.option is DispatchOption.REJECT:
                 return TicketStatus.CANCELLED, f"dispatch rejected by {answer.by}"
             self._set(dispatch_approved=True)
@@ -210,9 +217,16 @@ class TicketWorkflow:
             result: TicketState = await self.steps.run(
                 workflow.execute_child_workflow(
                     TicketWorkflow.run,
-                    TicketInput(spec=child, filed_by=f"ticket {self.spec.id}", hosts=self.input.hosts),
+                    TicketInput(
+                        spec=child,
+                        filed_by=f"ticket {self.spec.id}",
+                        dispatch=rules.child_dispatch(self.input.dispatch, child),
+                        hosts=self.input.hosts,
+                    ),
                     id=ticket_workflow_id(child.id),
                     search_attributes=sa.at_start(child),
+                    static_summary=start_summary(child),
+                    static_details=start_details(child),
                 )
             )
             self._set(
@@ -327,7 +341,12 @@ class TicketWorkflow:
     # ---- decisions and bookkeeping -------------------------------------------------------------------
 
     async def _ask(
-        self, kind: DecisionKind, question: str, options: type[E], evidence: list[str]
+        self,
+        kind: DecisionKind,
+        question: str,
+        options: type[E],
+        evidence: list[str],
+        excluded: list[str] | None = None,
     ) -> Answer[E]:
         waiting = Waiting(
             reminder=timedelta(seconds=self.spec.approval.reminder_interval_s),
@@ -336,19 +355,25 @@ class TicketWorkflow:
             continue_as_new=self._continue_as_new,
         )
         answer = await self.desk.ask(
-            kind, question, options, evidence, waiting, ticket_id=self.spec.id, before_write=self._awaiting
+            kind,
+            question,
+            options,
+            evidence,
+            waiting,
+            ticket_id=self.spec.id,
+            before_write=self._awaiting,
+            excluded=excluded or (),
         )
         if answer is None:
             raise Interrupted()
+        await self.lessons.decision_note(self.spec, question, answer.decision)
         return answer
 
     def _awaiting(self, request: DecisionRequest) -> None:
-        """The ticket's status and the UI's `DaedalusAwaiting` move before the request's event is written."""
+        """The ticket's status and the UI's `DaedalusWaitingFor` move before the request's event is written."""
         escalation = request.kind is DecisionKind.ESCALATION
         self._set(status=TicketStatus.AWAITING_DECISION if escalation else TicketStatus.AWAITING_APPROVAL)
-        self.ui.publish(
-            {sa.STATUS: self.s.status.value, sa.AWAITING: ",".join(self.desk.allowed(request.kind))}
-        )
+        self.ui.show(self.spec, self.s.status, request.question, waiting_for=request.allowed)
 
     def _continue_as_new(self) -> NoReturn:
         carry = self.s.model_copy(
@@ -364,15 +389,16 @@ class TicketWorkflow:
 
     async def _transition(self, status: TicketStatus, summary: str, actor: str = "daedalus") -> None:
         self._set(status=status)
-        self.ui.publish({sa.STATUS: status.value, sa.AWAITING: ""})
+        self.ui.show(self.spec, status, summary)
         await self.trail.record(AuditKind.TRANSITION, summary, actor=actor)
 
     async def _close(self, status: TicketStatus, reason: str, actor: str = "daedalus") -> None:
         self._set(outcome_reason=reason)
         await self._transition(status, f"closed {status.value}: {reason}", actor=actor)
+        await self.lessons.outcome(self.spec, status, reason, self.s.attempts)
 
     def _snapshot(self, seq: int, kind: AuditKind) -> TicketSnapshot:
         pending = self.desk.pending
-        awaiting = ",".join(self.desk.allowed(pending.kind)) if pending else None
+        awaiting = ",".join(pending.allowed) if pending else None
         with_spec = seq == 1 or kind is AuditKind.AMENDED  # the spec as filed, and as amended
         return rules.snapshot(self.spec, self.s, workflow.info(), awaiting, with_spec)

@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, assert_never
 
-from daedalus.decisions.schemas import DeskState, TicketEscalationOption
+from daedalus.decisions.schemas import DeskState, DispatchRule, TicketEscalationOption
 from daedalus.schemas.audit import TicketSnapshot
 from daedalus.schemas.gates import GateResult, GateSpec, Verdict
 from daedalus.schemas.ticket import (
+    AgentName,
     AttemptOutcome,
     AttemptSummary,
     Granted,
@@ -26,12 +27,62 @@ Closed = tuple[TicketStatus, str]
 """A ticket's outcome: the closed status and its reason."""
 
 
-def dispatch_question(spec: TicketSpec) -> tuple[str, list[str]] | None:
-    """The question and evidence for approving the agent's dispatch; None when no approval is needed."""
-    if spec.agent is None or not spec.approval.dispatch_requires_approval:
+def dispatch_question(spec: TicketSpec, rule: DispatchRule | None) -> tuple[str, list[str]] | None:
+    """The question and evidence for approving the dispatch; None when no approval is needed. With the server
+    policy's `rule` (resolved at filing) it decides, and the evidence shows every command that will run on a
+    host; without one (no policy, or filed before it), the spec's own approval does, for agent tickets."""
+    if rule is None:
+        if spec.agent is None or not spec.approval.dispatch_requires_approval:
+            return None
+        question = f"Dispatch ticket {spec.id} ({spec.title}) to {spec.agent.name.value} on {spec.host}?"
+        return question, [f"spec: {spec.spec[:300]}", f"gates: {[g.describe() for g in spec.gates]}"]
+    if not rule.required:
         return None
-    question = f"Dispatch ticket {spec.id} ({spec.title}) to {spec.agent.name.value} on {spec.host}?"
-    return question, [f"spec: {spec.spec[:300]}", f"gates: {[g.describe() for g in spec.gates]}"]
+    to = f" to {spec.agent.name.value}" if spec.agent else ""
+    question = f"Dispatch ticket {spec.id} ({spec.title}){to} on {spec.host}? ({rule.reason})"
+    return question, [*(f"runs {line}" for line in rule.commands), f"spec: {spec.spec[:300]}"]
+
+
+def child_dispatch(rule: DispatchRule | None, child: TicketSpec) -> DispatchRule | None:
+    """A sub-ticket's rule: the parent's dispatch approved the whole tree's commands, so the child asks again
+    only when its own spec asks for an agent dispatch decision (as every sub-ticket did before the policy)."""
+    if rule is None:
+        return None
+    asked = child.agent is not None and child.approval.dispatch_requires_approval
+    tree = tree_commands(child)
+    reason = f"sub-ticket {child.id} asks for approval of its agent's dispatch"
+    return DispatchRule(required=asked, excluded=rule.excluded, commands=tree, reason=reason)
+
+
+def ticket_commands(spec: TicketSpec) -> list[str]:
+    """What one ticket will run on its host (agent, build, gates), as a dispatch request shows it."""
+    where = f"ticket {spec.id} on {spec.host}"
+    lines = []
+    if spec.agent is not None:
+        agent = spec.agent
+        if agent.name is AgentName.SCRIPTED:
+            patch = (
+                f"applies a {len(agent.patch.splitlines())}-line patch" if agent.patch else "applies no patch"
+            )
+            runs = f", then runs: {' && '.join(agent.commands)}" if agent.commands else ""
+            lines.append(f"{where}: scripted agent {patch}{runs}")
+        else:
+            model = f" (model {agent.model})" if agent.model else ""
+            repo = spec.engine.repo if spec.engine is not None else "(no repository)"
+            lines.append(f"{where}: agent {agent.name.value}{model} works in a worktree of {repo}")
+    if spec.build is not None:
+        lines.append(f"{where}: build: {spec.build.command}")
+    lines.extend(f"{where}: gate {gate.name}: {gate.command}" for gate in spec.gates)
+    return lines
+
+
+def tree_commands(spec: TicketSpec) -> list[str]:
+    """What a ticket and all its sub-tickets will run."""
+    return [line for ticket in _tree(spec) for line in ticket_commands(ticket)]
+
+
+def _tree(spec: TicketSpec) -> list[TicketSpec]:
+    return [spec, *(d for child in spec.children for d in _tree(child))]
 
 
 def why_stop(spec: TicketSpec, attempts: list[AttemptSummary], budget: Granted) -> str | None:

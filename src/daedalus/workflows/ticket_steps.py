@@ -29,9 +29,12 @@ with workflow.unsafe.imports_passed_through():
     from daedalus.schemas.gates import GateKind, GateResult, GateSpec, LeaseRecord, Verdict
     from daedalus.schemas.steps import AttemptInput, BuildInput, BuildResult, GateInput
     from daedalus.schemas.ticket import AttemptOutcome, AttemptSummary, HostFacts, TicketSpec
+    from daedalus.schemas.ui import gate_activity_summary
     from daedalus.workflows import ticket_rules as rules
     from daedalus.workflows.lease_helpers import holding_lease
     from daedalus.workflows.steps import StepFailed, StepFailure, Steps
+    from daedalus.workflows.ticket_lessons import TicketLessons
+    from daedalus.workflows.ticket_ui import TicketUi
     from daedalus.workflows.trail import AuditTrail
 
 ATTEMPT_TIMEOUT = timedelta(hours=6)
@@ -48,9 +51,18 @@ class HostProblem(Exception):
 
 
 class TicketSteps:
-    def __init__(self, steps: Steps, trail: AuditTrail, hosts: dict[str, HostFacts]) -> None:
+    def __init__(
+        self,
+        steps: Steps,
+        trail: AuditTrail,
+        ui: TicketUi,
+        lessons: TicketLessons,
+        hosts: dict[str, HostFacts],
+    ) -> None:
         self.steps = steps
         self.trail = trail
+        self.ui = ui
+        self.lessons = lessons
         self.hosts = hosts
 
     def _schedule_to_start(self, host: str) -> timedelta | None:
@@ -79,12 +91,14 @@ class TicketSteps:
     async def attempt(self, spec: TicketSpec, number: int, brief: str) -> tuple[AttemptSummary, str]:
         """Run the agent once; the attempt (committed, or why not) and the text of its audit event."""
         filing = workflow.info().first_execution_run_id
+        lessons = await self.lessons.for_prompt(spec)
         result = await self.steps.on_host(
             RUN_ATTEMPT,
-            AttemptInput(spec=spec, attempt=number, brief=brief, filing=filing),
+            AttemptInput(spec=spec, attempt=number, brief=brief, filing=filing, lessons=lessons),
             host=spec.host,
             timeout=ATTEMPT_TIMEOUT,
             schedule_to_start=self._schedule_to_start(spec.host),
+            summary=f"attempt {number}: {spec.agent.name.value if spec.agent else 'agent'} on {spec.host}",
         )
         if isinstance(result, StepFailed):
             self._raise_if_the_hosts(spec, f"attempt {number}", result)
@@ -93,6 +107,7 @@ class TicketSteps:
                 number=number, branch="", outcome=AttemptOutcome.AGENT_FAILED, detail=detail
             )
             return failed, f"attempt {number}: step failed on the host: {result.message}"
+        await self.lessons.traps(spec, result)
         usage = {"cost_usd": result.usage.cost_usd, "cost_source": result.usage.cost_source}
         if result.exit_reason is not ExitReason.COMMITTED or result.commit is None:
             no_commit = result.exit_reason is ExitReason.NO_COMMIT
@@ -125,6 +140,7 @@ class TicketSteps:
             host=spec.host,
             timeout=timedelta(seconds=spec.build.timeout_s + 60),
             schedule_to_start=self._schedule_to_start(spec.host),
+            summary=f"build attempt {number} on {spec.host}",
         )
         if isinstance(build, StepFailed):
             self._raise_if_the_hosts(spec, f"build of attempt {number}", build)
@@ -145,6 +161,7 @@ class TicketSteps:
         """Measure a gate; INCONCLUSIVE and INVALID are rerun automatically before anyone is asked."""
         engine = spec.engine if spec.agent is None else None
         for round_number in range(1, spec.approval.inconclusive_reruns + 2):
+            self.ui.measuring(spec, gate.name, attempt)
             step = GateInput(
                 ticket_id=spec.id,
                 attempt=attempt,
@@ -179,9 +196,17 @@ class TicketSteps:
         facts = self.hosts.get(spec.host)
         timeout = timedelta(seconds=step.gate.timeout_s + 60)
         schedule_to_start = self._schedule_to_start(spec.host)
+        summary = gate_activity_summary(
+            step.gate.name, step.gate.describe(), attempt=step.attempt, round=step.round
+        )
         if facts is None or facts.gpus == 0 or not workflow.patched(GATES_HOLD_LEASES):
             return await self.steps.on_host(
-                RUN_GATE, step, host=spec.host, timeout=timeout, schedule_to_start=schedule_to_start
+                RUN_GATE,
+                step,
+                host=spec.host,
+                timeout=timeout,
+                schedule_to_start=schedule_to_start,
+                summary=summary,
             )
         run_id = workflow.info().first_execution_run_id
         request = LeaseRequest(
@@ -200,6 +225,7 @@ class TicketSteps:
                     host=spec.host,
                     timeout=timeout,
                     schedule_to_start=schedule_to_start,
+                    summary=summary,
                     interruptible=False,  # `run` below interrupts the whole of it, the lease's wait too
                 )
             if isinstance(measured, StepFailed):

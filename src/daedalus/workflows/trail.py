@@ -4,6 +4,16 @@ Every workflow (ticket, training run, the ones to come) writes through an `Audit
 is idempotent on (first run id, seq), the seq travels across continue-as-new in `TrailState`, and the trail
 knows which prefix of its events the store holds, so a status query never reports a state whose event is
 still being written (a reader would otherwise see a closed ticket whose closing event is not in the store yet).
+
+Events are written by a local activity: the control worker that runs the workflow writes the store itself,
+inside the workflow task that made the event, and the history keeps one marker per event (with its result)
+instead of an activity's scheduled/started/completed events and the workflow task that each completion
+wakes. A decision that sets a ticket going thus costs a few workflow tasks instead of one per event, and a
+ticket's history in the UI is its steps, not mostly `record_audit_event`. Replay is safe: a replay reads each
+write's result from its marker and runs nothing; a write whose marker never reached the history (the worker
+died inside the task) runs again when the task is retried, and the store's idempotence on (run id, seq) makes
+that a no-op. Histories from before (one remote activity per event) keep their remote activities: the
+`AUDIT_LOCAL_ACTIVITY` patch is absent from them, so `workflow.patched` is False for the rest of such a run.
 """
 
 from __future__ import annotations
@@ -21,6 +31,8 @@ with workflow.unsafe.imports_passed_through():
     from daedalus.schemas.gates import GateResult
 
 AUDIT_TIMEOUT = timedelta(seconds=30)
+AUDIT_LOCAL_ACTIVITY = "audit-local-activity"
+"""Patch: audit events are written by a local activity (histories before it scheduled a remote one per event)."""
 V = TypeVar("V")
 
 
@@ -106,7 +118,10 @@ class AuditTrail(Generic[V]):
             attempt=attempt,
             gate_results=gate_results or [],
         )
-        await RECORD_AUDIT_EVENT.execute(record, start_to_close_timeout=AUDIT_TIMEOUT)
+        if workflow.patched(AUDIT_LOCAL_ACTIVITY):
+            await RECORD_AUDIT_EVENT.execute_local(record, start_to_close_timeout=AUDIT_TIMEOUT)
+        else:
+            await RECORD_AUDIT_EVENT.execute(record, start_to_close_timeout=AUDIT_TIMEOUT)
         self._written(seq, status, view)
 
     def _written(self, seq: int, status: str, view: V) -> None:

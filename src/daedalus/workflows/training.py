@@ -32,6 +32,8 @@ with workflow.unsafe.imports_passed_through():
         DecisionKind,
         Delegation,
         DeskState,
+        DispatchOption,
+        DispatchRule,
         TrainingEscalationOption,
         TrainingRunSubject,
     )
@@ -201,6 +203,9 @@ class TrainingRunWorkflow:
 
     @workflow.run
     async def run(self, inp: TrainingRunInput) -> TrainingRunStatus:
+        if inp.dispatch is not None and inp.dispatch.required and not await self._dispatched(inp.dispatch):
+            await self.trail.record(AuditKind.CLOSED, self._ending(), actor=self._ended_by())
+            return self.status()
         if self.c.host_report is None:
             self._set(host_report=await self._host_report())
         async with self._holding_gpus():
@@ -234,6 +239,36 @@ class TrainingRunWorkflow:
                 yield
             finally:
                 self.lease = None
+
+    async def _dispatched(self, rule: DispatchRule) -> bool:
+        """The server's policy requires a dispatch decision before anything runs on the host (the starter does
+        not operate it): ask, and wait. False when it was rejected or the run was stopped while waiting.
+        Only a first run asks: its continuation's input carries no rule (see `_continue_as_new`)."""
+        question = f"Start training run {self.spec.name} on {self.spec.host}? ({rule.reason})"
+        waiting = Waiting(
+            reminder=timedelta(seconds=self.spec.approval.reminder_interval_s),
+            interrupted=lambda: self.c.stop is not None,
+        )
+        answer = await self.desk.ask(
+            DecisionKind.DISPATCH,
+            question,
+            DispatchOption,
+            [f"runs {line}" for line in rule.commands],
+            waiting,
+            ticket_id=self.spec.workflow_id,
+            before_write=lambda request: self._set(state=RunState.AWAITING_DECISION),
+            excluded=rule.excluded,
+        )
+        if answer is None or answer.option is DispatchOption.REJECT:
+            self.desk.withdraw()
+            if answer is not None:
+                self._set(
+                    stop=StopTraining(requested_by=answer.decision.decided_by, reason="dispatch rejected")
+                )
+            self._set(state=RunState.STOPPED)
+            return False
+        self._set(state=RunState.STARTING)
+        return True
 
     async def _live(self) -> None:
         """Supervise incarnation after incarnation until the run ends (or continues as new)."""
@@ -271,6 +306,7 @@ class TrainingRunWorkflow:
                 "audit_seq": 0,
             }
         )
+        # No dispatch rule: the run was dispatched (or needed no decision) before its first incarnation.
         workflow.continue_as_new(TrainingRunInput(spec=self.spec, carry=carry, gpus=self.gpus))
 
     def _set(self, **changes: object) -> None:

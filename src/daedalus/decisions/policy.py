@@ -1,0 +1,314 @@
+"""The server's policy (`policy.yaml`, path from `DAEDALUS_POLICY_FILE`): who is who, who may operate which
+host, and the standing delegations. Authority lives here, never in a filed spec.
+
+Filing resolves it for one ticket or training run (`resolve_ticket`, `resolve_training`): the spec's approval is
+checked (it may tighten, never loosen), filled in from the policy, and the dispatch rule the workflow follows is
+handed to it in its input (a workflow cannot read files). Answering checks it again (`Policy` is an
+`AuthorityPolicy`), so a person the policy no longer names cannot decide.
+
+Roles:
+    filer     may file tickets and start training runs
+    lead      a filer the deciders may delegate to (the seed's lead agent)
+    decider   may answer any decision, except the dispatch of what they filed themselves
+    operator  may run things on the hosts whose `operators` name them without a dispatch decision
+A decider or an operator of the ticket's host may also terminate a wedged ticket.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from enum import StrEnum
+from pathlib import Path
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from daedalus.decisions.schemas import (
+    PERSON_PATTERN,
+    Decision,
+    DecisionKind,
+    DecisionRequest,
+    DispatchRule,
+)
+from daedalus.errors import NotAllowed, PolicyFileError
+from daedalus.hosts.registry import Registry, load_registry
+from daedalus.schemas._base import SpecModel
+from daedalus.schemas.limits import HOST_PATTERN, LIST_ITEMS, Line
+from daedalus.schemas.ticket import ApprovalPolicy, TicketSpec
+from daedalus.schemas.training import TrainingRunSpec
+from daedalus.workflows.ticket_rules import tree_commands
+
+
+class Role(StrEnum):
+    FILER = "filer"
+    LEAD = "lead"
+    DECIDER = "decider"
+    OPERATOR = "operator"
+
+
+class Person(SpecModel):
+    roles: list[Role] = Field(min_length=1, max_length=len(Role))
+    description: Line = ""
+
+
+class HostRule(SpecModel):
+    operators: list[str] = Field(default_factory=list, max_length=LIST_ITEMS)
+
+
+class StandingDelegation(SpecModel):
+    """A decider lets `delegate` decide one kind of decision on every ticket ("the lead may dispatch for me")."""
+
+    granted_by: str = Field(pattern=PERSON_PATTERN)
+    delegate: str = Field(pattern=PERSON_PATTERN)
+    kind: DecisionKind = DecisionKind.DISPATCH
+
+
+class Policy(SpecModel):
+    people: dict[str, Person] = Field(min_length=1, max_length=1000)
+    hosts: dict[str, HostRule] = Field(default_factory=dict, max_length=1000)
+    delegations: list[StandingDelegation] = Field(default_factory=list, max_length=LIST_ITEMS)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Policy:
+        bad = [name for name in self.people if not re.fullmatch(PERSON_PATTERN, name)]
+        if bad:
+            raise ValueError(f"people: {bad} are not valid names (lower case, e.g. `wayne`, `alice.b`)")
+        bad_hosts = [name for name in self.hosts if not re.fullmatch(HOST_PATTERN, name)]
+        if bad_hosts:
+            raise ValueError(f"hosts: {bad_hosts} are not valid host names")
+        if not self.with_role(Role.DECIDER):
+            raise ValueError("people: nobody has the `decider` role, so no dispatch could ever be approved")
+        for host, rule in self.hosts.items():
+            for person in rule.operators:
+                self._require_person(person, f"hosts.{host}.operators")
+                if Role.OPERATOR not in self.people[person].roles:
+                    raise ValueError(
+                        f"hosts.{host}.operators names {person}, who lacks the `operator` role; add it to "
+                        f"people.{person}.roles or remove them from the host"
+                    )
+        for number, grant in enumerate(self.delegations):
+            where = f"delegations[{number}]"
+            self._require_person(grant.granted_by, f"{where}.granted_by")
+            self._require_person(grant.delegate, f"{where}.delegate")
+            if Role.DECIDER not in self.people[grant.granted_by].roles:
+                raise ValueError(
+                    f"{where}: {grant.granted_by} is not a decider, so has no {grant.kind.value} decisions to "
+                    f"delegate"
+                )
+        return self
+
+    def _require_person(self, person: str, where: str) -> None:
+        if person not in self.people:
+            raise ValueError(f"{where} names unknown person {person!r}; people: {sorted(self.people)}")
+
+    # ---- questions about people ------------------------------------------------------------------------
+
+    def with_role(self, role: Role) -> list[str]:
+        return sorted(name for name, person in self.people.items() if role in person.roles)
+
+    def has_role(self, person: str, role: Role) -> bool:
+        found = self.people.get(person.lower())
+        return found is not None and role in found.roles
+
+    def operates(self, person: str, host: str) -> bool:
+        rule = self.hosts.get(host)
+        return rule is not None and person.lower() in rule.operators
+
+    def delegates_of(self, deciders: Iterable[str], kind: DecisionKind) -> list[str]:
+        """The standing delegates of `deciders` for one kind of decision."""
+        named = set(deciders)
+        return sorted({g.delegate for g in self.delegations if g.kind is kind and g.granted_by in named})
+
+    def may_terminate(self, person: str, host: str) -> bool:
+        return self.has_role(person, Role.DECIDER) or self.operates(person, host)
+
+    def require_hosts(self, hosts: Registry) -> None:
+        """Every host the policy names is in the host registry."""
+        unknown = sorted(set(self.hosts) - set(hosts.names))
+        if unknown:
+            raise PolicyFileError(
+                f"the policy names hosts the host registry does not declare: {unknown}; hosts.yaml declares "
+                f"{hosts.names} (fix the policy's `hosts:`, or add the hosts to hosts.yaml)"
+            )
+
+    # ---- AuthorityPolicy: checked when a decision is answered --------------------------------------------
+
+    def __call__(self, request: DecisionRequest, decision: Decision, /) -> str | None:
+        """The request's own rules allowed `decision`; the policy as it stands now must too."""
+        who = decision.decided_by.lower()
+        if self.has_role(who, Role.DECIDER):
+            return None
+        if who in self.delegates_of(request.deciders, request.kind):
+            return None
+        if who in request.delegates and who in self.people:
+            return None  # delegated on this subject by one of its deciders
+        return (
+            f"the server's policy gives {decision.decided_by} no authority over {request.kind.value} decisions "
+            f"(not a decider in the policy, and no decider of this request delegated them to them)"
+        )
+
+
+def load_policy(path: Path, hosts: Registry | None = None) -> Policy:
+    """Read and check `policy.yaml`; every problem names its field. With `hosts`, its host names are checked."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise PolicyFileError(
+            f"cannot read the policy {path}: {error.strerror}; set DAEDALUS_POLICY_FILE to your policy.yaml "
+            f"(examples/policy.yaml is the demo's)"
+        ) from error
+    except yaml.YAMLError as error:
+        raise PolicyFileError(f"the policy {path} is not valid YAML: {error}") from error
+    if not isinstance(data, dict):
+        raise PolicyFileError(
+            f"the policy {path} must be a mapping with `people:`, `hosts:` and `delegations:`"
+        )
+    try:
+        policy = Policy.model_validate(data)
+    except ValidationError as error:
+        lines = [f"the policy {path} is not valid ({error.error_count()} problem(s)):"]
+        for problem in error.errors():
+            where = ".".join(str(part) for part in problem["loc"]) or "(top level)"
+            lines.append(f"  - {where}: {problem['msg'].removeprefix('Value error, ')}")
+        raise PolicyFileError("\n".join(lines)) from error
+    if hosts is not None:
+        policy.require_hosts(hosts)
+    return policy
+
+
+def configured_policy(policy_file: Path | None, hosts_file: Path) -> Policy | None:
+    """The policy `DAEDALUS_POLICY_FILE` names, checked against the host registry; None when none is set."""
+    if policy_file is None:
+        return None
+    return load_policy(policy_file, load_registry(hosts_file))
+
+
+# ---- resolving a filing ------------------------------------------------------------------------------------
+
+
+def resolve_ticket(policy: Policy, spec: TicketSpec, filer: str) -> tuple[TicketSpec, DispatchRule]:
+    """The spec as the policy lets it run (its approval filled in from the policy, every sub-ticket's too) and
+    the dispatch rule of its tree; a NotAllowed when the filer may not file it as written."""
+    filer = filer.lower()
+    _require_filer(policy, filer, "file tickets")
+    tree = _descendants(spec)
+    operator = all(policy.operates(filer, ticket.host) for ticket in tree)
+    for ticket in tree:
+        _refuse_loosening(policy, ticket.approval, filer, operator, f"ticket {ticket.id}", ticket.host)
+    resolved = _with_approval(policy, spec)
+    commands = tree_commands(spec)
+    hosts = sorted({ticket.host for ticket in tree})
+    if operator:
+        # The filer may run things on these hosts; the spec may still ask for a dispatch decision (as before).
+        asked = spec.agent is not None and spec.approval.dispatch_requires_approval
+        reason = f"{filer} operates {', '.join(hosts)}"
+        return resolved, DispatchRule(required=asked, commands=commands, reason=reason)
+    _require_someone_else(policy, resolved.approval, filer, f"ticket {spec.id}")
+    reason = f"{filer} does not operate {', '.join(hosts)}: a dispatch decision by someone else is required"
+    return resolved, DispatchRule(required=True, excluded=[filer], commands=commands, reason=reason)
+
+
+def resolve_training(
+    policy: Policy, spec: TrainingRunSpec, starter: str
+) -> tuple[TrainingRunSpec, DispatchRule]:
+    """A training run as the policy lets it start: an operator of its host starts it at once, anyone else's
+    run waits for a dispatch decision by someone with authority."""
+    starter = starter.lower()
+    _require_filer(policy, starter, "start training runs")
+    operator = policy.operates(starter, spec.host)
+    _refuse_loosening(policy, spec.approval, starter, operator, f"training run {spec.name}", spec.host)
+    approval = _effective_approval(policy, spec.approval)
+    resolved = spec.model_copy(update={"approval": approval})
+    commands = [f"on {spec.host} in {spec.cwd}: {' '.join(spec.command)}"]
+    if operator:
+        return resolved, DispatchRule(
+            required=False, commands=commands, reason=f"{starter} operates {spec.host}"
+        )
+    _require_someone_else(policy, approval, starter, f"training run {spec.name}")
+    reason = f"{starter} does not operate {spec.host}: a dispatch decision by someone else is required"
+    return resolved, DispatchRule(required=True, excluded=[starter], commands=commands, reason=reason)
+
+
+def _descendants(spec: TicketSpec) -> list[TicketSpec]:
+    return [spec, *(d for child in spec.children for d in _descendants(child))]
+
+
+def _require_filer(policy: Policy, person: str, action: str) -> None:
+    if not (policy.has_role(person, Role.FILER) or policy.has_role(person, Role.LEAD)):
+        known = "has no `filer` or `lead` role" if person in policy.people else "is not in the policy"
+        raise NotAllowed(
+            f"{person} may not {action}: {person} {known}; ask an administrator to add them to policy.yaml "
+            f"(people.{person}.roles: [filer])"
+        )
+
+
+def _refuse_loosening(
+    policy: Policy, approval: ApprovalPolicy, filer: str, operator: bool, label: str, host: str
+) -> None:
+    """A spec may tighten its approval, never loosen it past the policy."""
+    if not approval.dispatch_requires_approval and not operator:
+        raise NotAllowed(
+            f"{label}: approval.dispatch_requires_approval: false would let {filer} run commands on {host} "
+            f"without a dispatch decision, and the policy does not make {filer} an operator of {host}; remove "
+            f"the line (someone with authority will approve the dispatch), or ask for {filer} to be added to "
+            f"the host's operators in policy.yaml"
+        )
+    deciders = policy.with_role(Role.DECIDER)
+    if "deciders" in approval.model_fields_set:
+        strangers = [person for person in approval.deciders if person not in deciders]
+        if strangers:
+            raise NotAllowed(
+                f"{label}: approval.deciders names {strangers}, who are not deciders in the policy; a spec may "
+                f"only choose among the deciders: {deciders}"
+            )
+    for kind, people in approval.delegates.items():
+        named = _effective_deciders(policy, approval)
+        standing = policy.delegates_of(named, DecisionKind(kind))
+        strangers = [person for person in people if person not in standing and person not in deciders]
+        if strangers:
+            raise NotAllowed(
+                f"{label}: approval.delegates.{kind} names {strangers}, to whom no decider of this spec "
+                f"delegated {kind} decisions in the policy; a spec may only name standing delegates "
+                f"({standing or 'none'}) or deciders"
+            )
+
+
+def _effective_deciders(policy: Policy, approval: ApprovalPolicy) -> list[str]:
+    """The spec's deciders when it chose them, else every decider of the policy."""
+    if "deciders" in approval.model_fields_set:
+        return list(approval.deciders)
+    return policy.with_role(Role.DECIDER)
+
+
+def _effective_approval(policy: Policy, approval: ApprovalPolicy) -> ApprovalPolicy:
+    deciders = _effective_deciders(policy, approval)
+    delegates = {
+        kind.value: sorted({*approval.delegates.get(kind.value, []), *policy.delegates_of(deciders, kind)})
+        for kind in DecisionKind
+    }
+    return approval.model_copy(
+        update={"deciders": deciders, "delegates": {k: v for k, v in delegates.items() if v}}
+    )
+
+
+def _with_approval(policy: Policy, spec: TicketSpec) -> TicketSpec:
+    return spec.model_copy(
+        update={
+            "approval": _effective_approval(policy, spec.approval),
+            "children": [_with_approval(policy, child) for child in spec.children],
+        }
+    )
+
+
+def _require_someone_else(policy: Policy, approval: ApprovalPolicy, filer: str, label: str) -> None:
+    others = [
+        person
+        for person in [*approval.deciders, *approval.delegates.get(DecisionKind.DISPATCH.value, [])]
+        if person != filer
+    ]
+    if not others:
+        raise NotAllowed(
+            f"{label}: nobody but its filer {filer} could approve its dispatch; name another decider in "
+            f"approval.deciders (deciders: {policy.with_role(Role.DECIDER)})"
+        )

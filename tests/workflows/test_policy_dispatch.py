@@ -1,0 +1,209 @@
+"""The server's policy on the real dev server and store: a ticket (gate-only too) or training run filed by
+someone who does not operate its host waits for a dispatch decision by someone else, the request shows the
+commands, the filer cannot approve it, a spec cannot loosen it, and the lead's standing delegation works."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+
+from daedalus import services as daedalus
+from daedalus.decisions.policy import Policy
+from daedalus.decisions.schemas import TrainingRunSubject
+from daedalus.errors import NotAllowed
+from daedalus.schemas.audit import AuditKind
+from daedalus.schemas.ticket import Decision, DecisionKind, TicketSpec, TicketStatus
+from daedalus.schemas.training import RunState, StopTraining
+from daedalus.services import TicketError
+from daedalus.slack.settings import SlackSettings
+from daedalus.workflows.training import TrainingRunWorkflow
+from tests.support import gate_command, make_engine_repo, running_workers, ticket_spec
+from tests.ticket_helpers import events, host_of, kinds, pending
+from tests.workflows.test_ticket_replay import replayer
+from tests.workflows.test_training import audit_trail, make_spec, replay, trainers, until, within, workers
+
+
+def policy_for(host: str) -> Policy:
+    return Policy.model_validate(
+        {
+            "people": {
+                "wayne": {"roles": ["decider", "filer"]},
+                "lead": {"roles": ["lead"]},
+                "olga": {"roles": ["filer", "operator"]},
+                "bob": {"roles": ["filer"]},
+            },
+            "hosts": {host: {"operators": ["olga"]}},
+            "delegations": [{"granted_by": "wayne", "delegate": "lead", "kind": "dispatch"}],
+        }
+    )
+
+
+def gate_only(repo: Path, host: str) -> TicketSpec:
+    """Measures the repository as it stands (about 29 tok/s), with nothing for an agent to do."""
+    gates = [{"name": "decode", "metric": "decode_tps", "threshold": 20, "command": gate_command()}]
+    return ticket_spec(repo, host, agent=None, build=None, approval={}, gates=gates)
+
+
+async def test_a_gate_only_ticket_waits_for_a_dispatch_unless_its_filer_operates_the_host(
+    temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
+) -> None:
+    host = host_of(task_queue)
+    repo = make_engine_repo(tmp_path / "repo")
+    policy = policy_for(host)
+    async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
+        waiting = gate_only(repo, host)
+        handle = await daedalus.file_ticket(
+            temporal_client, waiting, queue=task_queue, filed_by="bob", policy=policy
+        )
+        state, request = await pending(handle)
+        assert state.status is TicketStatus.AWAITING_APPROVAL and request.kind is DecisionKind.DISPATCH
+        assert f"runs ticket {waiting.id} on {host}: gate decode: {gate_command()}" in request.evidence
+        assert request.excluded == ["bob"] and "bob" not in request.allowed
+        assert "gate" not in kinds(events(sqlite_engine, waiting.id))  # nothing ran on the host yet
+        # An operator of the host files the same kind of ticket: it measures at once.
+        operated = gate_only(repo, host)
+        direct = await daedalus.file_ticket(
+            temporal_client, operated, queue=task_queue, filed_by="olga", policy=policy
+        )
+        assert (await within(direct.result())).status is TicketStatus.PASSED
+        assert "decision_requested" not in kinds(events(sqlite_engine, operated.id))
+        await daedalus.decide(
+            temporal_client,
+            Decision(request_id=request.id, option="approve", decided_by="wayne"),
+            store=sqlite_engine,
+            policy=policy,
+        )
+        assert (await within(handle.result())).status is TicketStatus.PASSED
+    # The rule travels in the input: the new history replays deterministically.
+    await replayer().replay_workflow(await handle.fetch_history())
+    filed = events(sqlite_engine, waiting.id)[0]
+    assert (
+        filed.detail["dispatch"]
+        == f"bob does not operate {host}: a dispatch decision by someone else is required"
+    )
+
+
+async def test_the_filer_cannot_approve_their_own_dispatch_and_the_lead_approves_for_wayne(
+    temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
+) -> None:
+    host = host_of(task_queue)
+    policy = policy_for(host)
+    # wayne is a decider, but he filed this one: only the lead, by wayne's standing delegation, may approve.
+    spec = ticket_spec(make_engine_repo(tmp_path / "repo"), host, approval={"deciders": ["wayne"]})
+    async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
+        handle = await daedalus.file_ticket(
+            temporal_client, spec, queue=task_queue, filed_by="wayne", policy=policy
+        )
+        _, request = await pending(handle)
+        assert request.deciders == ["wayne"] and request.delegates == ["lead"] and request.allowed == ["lead"]
+        assert any("scripted agent applies a" in line for line in request.evidence)
+        assert any(line.endswith("build: test -f speed.txt") for line in request.evidence)
+        own = Decision(request_id=request.id, option="approve", decided_by="wayne")
+        with pytest.raises(NotAllowed, match=r"wayne filed ticket .* and may not decide its dispatch"):
+            await daedalus.decide(temporal_client, own, store=sqlite_engine, policy=policy)
+        # The workflow's own validator refuses it too, with no policy at hand.
+        with pytest.raises(TicketError, match="may not decide its dispatch"):
+            await daedalus.decide(temporal_client, own, store=sqlite_engine)
+        await daedalus.decide(
+            temporal_client,
+            Decision(request_id=request.id, option="approve", decided_by="lead", channel="bot"),
+            store=sqlite_engine,
+            policy=policy,
+        )
+        final = await within(handle.result())
+    assert final.status is TicketStatus.PASSED, final.outcome_reason
+    assert [d.decided_by for d in final.decisions] == ["lead"]
+
+
+async def test_a_spec_that_loosens_its_approval_is_refused_before_anything_starts(
+    temporal_client: Client, tmp_path: Path, task_queue: str
+) -> None:
+    host = host_of(task_queue)
+    repo = make_engine_repo(tmp_path / "repo")
+    loose = ticket_spec(repo, host)  # dispatch_requires_approval: false
+    with pytest.raises(NotAllowed) as caught:
+        await daedalus.file_ticket(
+            temporal_client, loose, queue=task_queue, filed_by="bob", policy=policy_for(host)
+        )
+    assert str(caught.value) == (
+        f"ticket {loose.id}: approval.dispatch_requires_approval: false would let bob run commands on {host} "
+        f"without a dispatch decision, and the policy does not make bob an operator of {host}; remove the line "
+        f"(someone with authority will approve the dispatch), or ask for bob to be added to the host's "
+        f"operators in policy.yaml"
+    )
+    self_approved = ticket_spec(repo, host, approval={"deciders": ["bob"]})
+    with pytest.raises(NotAllowed, match=r"approval.deciders names \['bob'\], who are not deciders"):
+        await daedalus.file_ticket(
+            temporal_client, self_approved, queue=task_queue, filed_by="bob", policy=policy_for(host)
+        )
+    for spec in (loose, self_approved):
+        with pytest.raises(RPCError) as missing:
+            await temporal_client.get_workflow_handle(f"ticket-{spec.id}").describe()
+        assert missing.value.status is RPCStatusCode.NOT_FOUND
+
+
+async def test_a_training_run_waits_for_a_dispatch_unless_its_starter_operates_the_host(
+    temporal_client: Client, task_queue: str, tmp_path: Path, sqlite_engine: Engine
+) -> None:
+    spec = make_spec(tmp_path, "--step-s", "0.05")
+    policy = policy_for(spec.host)
+    async with workers(temporal_client, task_queue, spec, tmp_path, sqlite_engine, slack=SlackSettings()):
+        handle = await daedalus.start_run(
+            temporal_client, spec, queue=task_queue, started_by="bob", policy=policy
+        )
+        status = await until(handle, lambda s: s.pending_decision is not None)
+        request = status.pending_decision
+        assert request is not None and request.kind is DecisionKind.DISPATCH
+        assert (
+            status.state is RunState.AWAITING_DECISION and status.trainer_pid is None and not trainers(spec)
+        )
+        assert any(" ".join(spec.command) in line for line in request.evidence)
+        subject = TrainingRunSubject(run=spec.name)
+        own = Decision(request_id=request.id, option="approve", decided_by="bob")
+        with pytest.raises(NotAllowed, match="bob filed training run"):
+            await daedalus.decide(temporal_client, own, subject=subject, policy=policy)
+        approve = Decision(request_id=request.id, option="approve", decided_by="wayne")
+        await daedalus.decide(temporal_client, approve, subject=subject, policy=policy)
+        await until(handle, lambda s: s.state is RunState.RUNNING and s.trainer_pid is not None)
+        await daedalus.stop_run(temporal_client, spec.name, StopTraining(requested_by="wayne"))
+        assert (await within(handle.result())).state is RunState.STOPPED
+        await replay(handle, record_as=None)
+        # The host's operator starts the same run again: no decision, it runs at once.
+        again = await daedalus.start_run(
+            temporal_client, spec, queue=task_queue, started_by="olga", policy=policy
+        )
+        await until(again, lambda s: s.state is RunState.RUNNING and s.trainer_pid is not None)
+        assert (await again.query(TrainingRunWorkflow.status)).pending_decision is None
+        await daedalus.stop_run(temporal_client, spec.name, StopTraining(requested_by="olga"))
+        await within(again.result())
+    first = [e for e in events(sqlite_engine, spec.workflow_id) if e.run_id == handle.first_execution_run_id]
+    assert [e.kind for e in first][:3] == [
+        AuditKind.DECISION_REQUESTED,
+        AuditKind.DECIDED,
+        AuditKind.TRAINING,
+    ]
+
+
+async def test_a_rejected_training_dispatch_never_starts_the_trainer(
+    temporal_client: Client, task_queue: str, tmp_path: Path, sqlite_engine: Engine
+) -> None:
+    spec = make_spec(tmp_path, "--step-s", "0.05")
+    policy = policy_for(spec.host)
+    async with workers(temporal_client, task_queue, spec, tmp_path, sqlite_engine, slack=SlackSettings()):
+        handle = await daedalus.start_run(
+            temporal_client, spec, queue=task_queue, started_by="bob", policy=policy
+        )
+        status = await until(handle, lambda s: s.pending_decision is not None)
+        assert status.pending_decision is not None
+        reject = Decision(request_id=status.pending_decision.id, option="reject", decided_by="lead")
+        await daedalus.decide(
+            temporal_client, reject, subject=TrainingRunSubject(run=spec.name), policy=policy
+        )
+        final = await within(handle.result())
+    assert final.state is RunState.STOPPED and final.trainer_pid is None and not trainers(spec)
+    closed = audit_trail(sqlite_engine, spec)[-1]
+    assert closed.kind == AuditKind.CLOSED and closed.summary == "stopped by lead: dispatch rejected"
