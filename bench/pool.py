@@ -1,9 +1,10 @@
 """The GPU pool under contention, every part its own process: the embedded Temporal, the control worker, the
 API, and three host workers. On host pool-a (4 simulated GPUs, a render-queue tenant on GPUs 2-3) tickets'
 gates, an A/B pair, a training run and the tenant contend for the same GPUs; the pool-a worker is SIGKILLed
-while one of its steps holds a lease, and a fresh one is started. Every step is `LeasedStepWorkflow` ->
-`run_leased` on the host's queue -> the host's `LeaseKeeperWorkflow` (the ticket workflow does not take leases
-yet: these steps stand in for its gates and runs).
+while one of its steps holds a lease, and a fresh one is started. Most steps are `LeasedStepWorkflow` ->
+`run_leased` on the host's queue -> the host's `LeaseKeeperWorkflow`; besides them, real tickets filed through
+the API run their gates under leases from the same keepers (`TicketWorkflow` -> `acquire_lease` -> `run_gate`),
+and their verdicts name the lease each ran under.
 
 Usage: .venv/bin/python bench/pool.py [--quick] [--out bench/results/pool.json]
 Figures:
@@ -13,6 +14,7 @@ Figures:
   lease_wait_p50/p99_ms   acquire call -> grant seen, queueing behind other holders included
   tenant_pauses/resumes   the keeper's counts on pool-a; expired_leases_recovered: expired leases whose GPUs
                           were granted again afterwards; steps_run: steps whose command ran to the end
+  ticket_gates_*          the tickets' gates: run, and recorded with the lease they ran under (verdicts)
 """
 
 from __future__ import annotations
@@ -286,6 +288,51 @@ def recovered(state: KeeperState) -> int:
     return count
 
 
+TICKET_HOSTS = ["pool-a", "pool-b"]
+
+
+def ticket_body(host: str, ledger: Path) -> dict[str, Any]:
+    """An agent-less ticket whose one gate runs a GPU job (logged in the ledger) and prints its measurement."""
+    samples = [60.0 + (i % 3) * 0.1 for i in range(10)]
+    measurement = json.dumps({"samples": samples, "unit": "tok/s"})
+    command = f"{sys.executable} {GPU_JOB} --seconds 0.3 --ledger {ledger} && echo '{measurement}'"
+    return {
+        "id": f"pool-{host}-{uuid.uuid4().hex[:6]}",
+        "title": f"decode on {host} measured under a lease",
+        "host": host,
+        "gates": [{"name": "decode", "metric": "decode_tps", "threshold": 55, "command": command}],
+    }
+
+
+async def file_tickets(api: httpx.AsyncClient, headers: dict[str, str], ledger: Path) -> list[str]:
+    filed = []
+    for host in TICKET_HOSTS:
+        for _ in range(2):
+            body = ticket_body(host, ledger)
+            response = await api.post("/tickets", json=body, headers=headers)
+            response.raise_for_status()
+            filed.append(body["id"])
+    return filed
+
+
+async def ticket_leases(
+    api: httpx.AsyncClient, headers: dict[str, str], tickets: list[str]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """(the verdicts of the tickets' gates, their closed statuses) once every ticket has closed."""
+
+    async def closed() -> list[dict[str, Any]] | None:
+        details = [(await api.get(f"/tickets/{t}", headers=headers)).json() for t in tickets]
+        done = all(d.get("live") and d["live"]["status"] not in OPEN_STATUSES for d in details)
+        return details if done else None
+
+    details = await wait_for("the tickets to close", closed, 600)
+    verdicts = [v for d in details for v in d["verdicts"]]
+    return verdicts, [d["live"]["status"] for d in details]
+
+
+OPEN_STATUSES = {"draft", "dispatched", "building", "gating", "awaiting_decision", "awaiting_approval"}
+
+
 async def scenario(pool: Pool, quick: bool) -> dict[str, Any]:
     assert pool.server is not None
     client = await Client.connect(pool.server.address, data_converter=pydantic_data_converter)
@@ -297,6 +344,8 @@ async def scenario(pool: Pool, quick: bool) -> dict[str, Any]:
     start_tenant(pool.tmp)
     ledger = pool.tmp / "ledger.jsonl"
     steps = Steps(client, ledger)
+    api = httpx.AsyncClient(base_url=f"http://127.0.0.1:{pool.api_port}", timeout=30)
+    headers = {"Authorization": f"Bearer {BENCH_TOKEN}"}
     gates = 6 if quick else 24
     rounds = 2 if quick else 4
     # The victim: a step on GPU 1 whose worker is SIGKILLed while it runs (short ttl so the lease expires soon;
@@ -309,6 +358,7 @@ async def scenario(pool: Pool, quick: bool) -> dict[str, Any]:
         return any(lease.lease_id == victim and lease.confirmed for lease in state.held)
 
     await wait_for("the victim's first keepalive", victim_confirmed, 60)
+    tickets = await file_tickets(api, headers, ledger)
     pool.kill("worker-pool-a")
     killed_at = datetime.now().astimezone()
     for i in range(gates):  # tickets' gates, one GPU each, some by index, some "any one"
@@ -332,6 +382,11 @@ async def scenario(pool: Pool, quick: bool) -> dict[str, Any]:
     runs: list[LeasedRun] = []
     for _, handle in steps.handles:
         runs.append(await asyncio.wait_for(handle.result(), 600))
+    verdicts, ticket_statuses = await ticket_leases(api, headers, tickets)
+    await api.aclose()
+    for verdict in verdicts:
+        if verdict["lease"]:
+            steps.host_of[verdict["lease"]["lease_id"]] = verdict["lease"]["host"]
 
     async def settled() -> KeeperState | None:
         state = await holder.keeper_state(client, "pool-a")
@@ -363,6 +418,10 @@ async def scenario(pool: Pool, quick: bool) -> dict[str, Any]:
         "refused": [r.refused for r in runs if r.refused],
         "jobs_logged": jobs,
         "leases_granted": sum(s.counters.granted for s in states.values()),
+        "ticket_gates_run": len(verdicts),
+        "ticket_gates_under_lease": sum(1 for v in verdicts if v["lease"]),
+        "tickets_passed": ticket_statuses.count("passed"),
+        "tickets_filed": len(tickets),
         "hosts": len(HOSTS),
         "processes": ["temporal", *sorted(pool.processes), "worker-pool-a (SIGKILLed)"],
         "worker_killed_at": killed_at.isoformat(),

@@ -22,8 +22,11 @@ async def test_serve_runs_the_api_under_uvicorn(
     temporal_server: DevServer, temporal_client: Client, tmp_path: Path, task_queue: str
 ) -> None:
     port = free_port()
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("hosts:\n  - name: h1\n")  # filing refuses a host the registry does not declare
     env = {
         **os.environ,
+        "DAEDALUS_HOSTS_FILE": str(hosts),
         "DAEDALUS_TEMPORAL_ADDRESS": temporal_server.address,
         "DAEDALUS_HOME": str(tmp_path / "home"),
         "DAEDALUS_CONTROL_QUEUE": task_queue,

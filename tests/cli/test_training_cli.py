@@ -27,10 +27,13 @@ SEP = r"[\s│]+"  # between a key and its value in rich's table
 
 @pytest.fixture
 def train_env(temporal_server: DevServer, tmp_path: Path, task_queue: str) -> dict[str, str]:
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(f"hosts:\n  - name: cli-{task_queue[-8:]}\n")  # the run's host, without GPUs
     return {
         **os.environ,
         "DAEDALUS_TEMPORAL_ADDRESS": temporal_server.address,
         "DAEDALUS_HOME": str(tmp_path / "home"),
+        "DAEDALUS_HOSTS_FILE": str(hosts),
         "DAEDALUS_CONTROL_QUEUE": task_queue,
         "COLUMNS": "250",
     }

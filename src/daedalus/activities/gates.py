@@ -50,6 +50,7 @@ class GateActivities:
             log_path=log_path,
             stdout_path=stdout_path,
             timeout_s=gate.timeout_s,
+            env=request.lease.environment() if request.lease else None,
             heartbeat=activity.heartbeat,
             pidfile=pidfile,
         )

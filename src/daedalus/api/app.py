@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
 from temporalio.client import Client
 
-from daedalus.api import audit, decisions, identity, report, slack_interactions, tickets, training
+from daedalus.api import audit, decisions, hosts, identity, report, slack_interactions, tickets, training
 from daedalus.api.context import ApiContext, ClientFactory
 from daedalus.api.errors import validation_handler
 from daedalus.api.limits import MAX_BODY_BYTES, BodyLimit
@@ -26,11 +28,14 @@ def create_app(
     settings: ApiSettings,
     slack: SlackSettings,
     max_body_bytes: int = MAX_BODY_BYTES,
+    hosts_file: Path | None = None,
     policy: Policy | None = None,
 ) -> FastAPI:
     """The API over one Temporal client (given, or connected on first use by `client_factory`) and one store;
     its settings come from the entry point (`daedalus api serve` builds them once), and so does the server's
-    `policy` (None: a single-user stack, where a spec's own approval rules are trusted)."""
+    `policy` (None: a single-user stack, where a spec's own approval rules are trusted). With `hosts_file` (the
+    host registry), filing refuses unknown hosts, tickets stuck on a host nobody serves say so, and /hosts
+    answers."""
     if (client is None) == (client_factory is None):
         raise ValueError("create_app needs exactly one of `client` and `client_factory`")
     if client is not None:
@@ -55,6 +60,7 @@ def create_app(
         settings=settings,
         slack=slack,
         client_factory=client_factory,
+        hosts_file=hosts_file,
         policy=policy,
     )
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
@@ -62,6 +68,7 @@ def create_app(
     for router in (
         identity.router,
         tickets.router,
+        hosts.router,
         training.router,
         decisions.router,
         audit.router,

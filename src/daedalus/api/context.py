@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
@@ -14,7 +15,8 @@ from temporalio.client import Client
 
 from daedalus.api.settings import ApiSettings
 from daedalus.decisions.policy import Policy
-from daedalus.errors import TicketError
+from daedalus.errors import RegistryError, TicketError
+from daedalus.hosts.registry import Registry, load_registry
 from daedalus.slack.settings import SlackSettings
 from daedalus.store import tokens
 
@@ -28,6 +30,7 @@ class ApiContext:
     settings: ApiSettings
     slack: SlackSettings
     client_factory: ClientFactory
+    hosts_file: Path | None = None
     policy: Policy | None = None
     _client: Client | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -42,6 +45,18 @@ class ApiContext:
                     except TicketError as error:
                         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(error)) from error
         return self._client
+
+    def registry(self) -> Registry:
+        """The host registry, read on each request (hosts.yaml may change while the API runs); 503 without one."""
+        if self.hosts_file is None:
+            raise HTTPException(
+                status.HTTP_503_SERVICE_UNAVAILABLE,
+                "this API has no host registry; start it with DAEDALUS_HOSTS_FILE set to your hosts.yaml",
+            )
+        try:
+            return load_registry(self.hosts_file)
+        except RegistryError as error:
+            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(error)) from error
 
 
 def get_context(request: Request) -> ApiContext:

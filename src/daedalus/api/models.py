@@ -6,6 +6,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
 
+from daedalus.schemas.gates import LeaseRecord
 from daedalus.schemas.ticket import TicketState
 
 
@@ -38,6 +39,8 @@ class TicketSummary(Public):
     filed_at: datetime
     updated_at: datetime
     closed_at: datetime | None
+    waiting_on_host: str | None = None
+    """Set while its step is queued on a host no worker polls: "queued for host-mavis since 22:03 UTC; ..."."""
 
 
 class VerdictPublic(Public):
@@ -56,6 +59,8 @@ class VerdictPublic(Public):
     host: str
     commit: str
     recorded_at: datetime
+    lease: LeaseRecord | None = None
+    """The GPU lease the measurement ran under (None: the host has no GPUs, or it ran before leases)."""
 
 
 class TicketDetail(Public):

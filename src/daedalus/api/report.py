@@ -10,8 +10,11 @@ from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
 from daedalus.api.context import Caller, Context
+from daedalus.api.hosts import waiting_lines
 from daedalus.report import build_report, render_html, render_markdown
+from daedalus.store import queries
 from daedalus.store.database import session_scope
+from daedalus.store.tables import TicketRow
 
 router = APIRouter(tags=["report"])
 MAX_WINDOW = timedelta(days=366)
@@ -46,9 +49,15 @@ async def report(
     """The progress report as of now: cards, tickets and gates, campaigns, training runs, decisions, lessons."""
     start = datetime.now(UTC) - parse_window(since)
 
+    def live_tickets() -> list[TicketRow]:
+        with session_scope(context.engine) as session:
+            return list(queries.list_tickets(session=session, limit=1000))
+
+    waiting = await waiting_lines(context, await asyncio.to_thread(live_tickets))
+
     def render() -> str:
         with session_scope(context.engine) as session:
-            built = build_report(session=session, since=start)
+            built = build_report(session=session, since=start, waiting_on_hosts=waiting)
         return render_html(built) if format == "html" else render_markdown(built)
 
     text = await asyncio.to_thread(render)

@@ -10,8 +10,9 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.service import RPCError, RPCStatusCode
 
 from daedalus import services as tickets
-from daedalus.api.context import Caller, Context, TemporalClient, require_same_person
+from daedalus.api.context import ApiContext, Caller, Context, TemporalClient, require_same_person
 from daedalus.api.errors import refusal, status_for, within
+from daedalus.api.hosts import waiting_lines
 from daedalus.api.models import Delegated, TicketDetail, TicketFiled, TicketSummary, VerdictPublic
 from daedalus.errors import TicketError
 from daedalus.ids import ticket_workflow_id
@@ -40,9 +41,10 @@ async def file_ticket(
 ) -> TicketFiled:
     """File a ticket (the body is a ticket spec, as in a YAML file). 409 while a ticket with its id is live;
     403 when the server's policy does not let the caller file it as written (a spec that loosens its approval)."""
+    registry = context.registry() if context.hosts_file is not None else None
     try:
         handle = await tickets.file_ticket(
-            client, spec, queue=context.control_queue, filed_by=caller, policy=context.policy
+            client, spec, queue=context.control_queue, filed_by=caller, hosts=registry, policy=context.policy
         )
     except TicketError as error:
         raise refusal(error) from error
@@ -67,7 +69,13 @@ async def list_tickets(
             )
             return [TicketSummary.model_validate(row) for row in rows]
 
-    return await asyncio.to_thread(read)
+    return await _with_waiting(context, await asyncio.to_thread(read))
+
+
+async def _with_waiting(context: ApiContext, summaries: list[TicketSummary]) -> list[TicketSummary]:
+    """The summaries, each stuck on a host no worker polls saying so (`waiting_on_host`)."""
+    lines = await waiting_lines(context, summaries)
+    return [s.model_copy(update={"waiting_on_host": lines.get(s.ticket_id)}) for s in summaries]
 
 
 @router.get("/{ticket_id}", response_model=TicketDetail)
@@ -100,6 +108,8 @@ async def show_ticket(
             f"no ticket {ticket_id!r}: Temporal has no workflow {ticket_workflow_id(ticket_id)} and the store "
             f"has no record of it; `GET /tickets` lists the known ones",
         )
+    if projection is not None:
+        [projection] = await _with_waiting(context, [projection])
     return TicketDetail(
         ticket_id=ticket_id,
         workflow_id=ticket_workflow_id(ticket_id),

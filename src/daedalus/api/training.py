@@ -27,8 +27,14 @@ async def start_run(
 ) -> RunStarted:
     """Start a training run (the body is a run file, as JSON). 409 while a run of that name is live."""
     try:
+        registry = context.registry() if context.hosts_file is not None else None
         handle = await services.start_run(
-            client, spec, queue=context.control_queue, started_by=caller, policy=context.policy
+            client,
+            spec,
+            queue=context.control_queue,
+            hosts=registry,
+            started_by=caller,
+            policy=context.policy,
         )
     except services.TicketError as error:
         raise refusal(error) from error

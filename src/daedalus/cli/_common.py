@@ -5,21 +5,26 @@ from __future__ import annotations
 import asyncio
 import functools
 import sys
-from collections.abc import Coroutine
-from typing import Any, NoReturn, TypeVar
+from collections.abc import Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
 from sqlalchemy import Engine
 from temporalio.client import Client
+from temporalio.service import RPCError
 
 from daedalus.config import Settings
 from daedalus.decisions.policy import Policy, configured_policy
 from daedalus.engines import paths
-from daedalus.errors import BadSettings, SetupError, TicketError
+from daedalus.errors import BadSettings, RegistryError, SetupError, TicketError
 from daedalus.escaping import for_terminal
 from daedalus.services import connect
 from daedalus.store.database import make_engine, migrate
+
+if TYPE_CHECKING:
+    from daedalus.hosts.registry import Registry
+    from daedalus.hosts.status import TicketOnHost
 
 T = TypeVar("T")
 
@@ -65,6 +70,39 @@ def store(settings_: Settings | None = None) -> Engine:
     engine = make_engine((settings_ or settings()).store_url)
     migrate(engine)
     return engine
+
+
+def registry() -> Registry:
+    """The host registry (DAEDALUS_HOSTS_FILE); one that cannot be read ends in exit 2 with what is wrong."""
+    from daedalus.hosts.registry import load_registry
+
+    try:
+        return load_registry(settings().hosts_file)
+    except RegistryError as error:
+        fail(str(error))
+
+
+def waiting_on_hosts(tickets: Sequence[TicketOnHost]) -> dict[str, str]:
+    """ticket id -> "queued for host-mavis since 22:03 UTC; no worker polls it; run ..." for tickets stuck on a
+    host nobody serves. Empty when the registry or Temporal cannot be read: the listing still shows the rest."""
+    from daedalus.hosts.registry import load_registry
+    from daedalus.hosts.status import ON_A_HOST
+    from daedalus.hosts.status import waiting_on_hosts as lines
+
+    if not any(t.status in ON_A_HOST for t in tickets):
+        return {}
+    try:
+        registry = load_registry(settings().hosts_file)
+    except RegistryError:
+        return {}
+
+    async def ask() -> dict[str, str]:
+        return await lines(await client(), registry, tickets, settings().temporal.namespace)
+
+    try:
+        return asyncio.run(ask())
+    except (TicketError, RPCError):
+        return {}
 
 
 @functools.cache

@@ -52,6 +52,7 @@ def serve(
         client_factory=connect,
         settings=settings.api,
         slack=settings.slack,
+        hosts_file=settings.hosts_file,
         policy=policy,
     )
     console.print(

@@ -15,7 +15,7 @@ from rich.markdown import Markdown
 from rich.table import Table
 
 from daedalus import services as tickets
-from daedalus.cli._common import client, console, fail, policy, run, settings, store
+from daedalus.cli._common import client, console, fail, policy, run, settings, store, waiting_on_hosts
 from daedalus.cli.remote import Remote, local_person, shared_stack
 from daedalus.escaping import for_terminal as shown
 from daedalus.hosts.registry import RegistryError, load_registry
@@ -106,10 +106,13 @@ def list_(status: Annotated[str | None, typer.Option(help="only tickets in this 
         from daedalus.api.models import TicketSummary  # FastAPI loads only where the API is used
 
         found = remote.call("GET", "/tickets", params={"status": status} if status else {})
-        rows = [TicketSummary.model_validate(row) for row in found]
+        summaries = [TicketSummary.model_validate(row) for row in found]
+        waiting = {s.ticket_id: s.waiting_on_host for s in summaries if s.waiting_on_host}
+        rows = summaries
     else:
         with session_scope(store()) as session:
             rows = queries.list_tickets(session=session, status=status)
+        waiting = waiting_on_hosts(rows)
     table = Table("ticket", "title", "status", "host", "agent", "attempts", "awaiting", "updated")
     for row in rows:
         table.add_row(
@@ -123,6 +126,8 @@ def list_(status: Annotated[str | None, typer.Option(help="only tickets in this 
             f"{row.updated_at:%Y-%m-%d %H:%M:%S}",
         )
     console.print(table)
+    for ticket_id, line in waiting.items():
+        console.print(f"[yellow]ticket {shown(ticket_id)}: {shown(line)}[/yellow]")
 
 
 @app.command()
@@ -136,26 +141,34 @@ def show(ticket_id: str) -> None:
     async def go() -> TicketState:
         return await tickets.status(await client(), ticket_id)
 
-    print_state(run(go()))
+    state = run(go())
+    with session_scope(store()) as session:
+        row = queries.get_ticket(session=session, ticket_id=ticket_id)
+        waiting = waiting_on_hosts([row]) if row is not None and row.status == state.status.value else {}
+    print_state(state, waiting.get(ticket_id))
 
 
 def _show_remote(remote: Remote, ticket_id: str) -> None:
     from daedalus.api.models import TicketDetail
 
     detail = TicketDetail.model_validate(remote.call("GET", f"/tickets/{ticket_id}"))
+    row = detail.projection
     if detail.live is not None:
-        print_state(detail.live)
-    elif detail.projection is not None:
-        row = detail.projection
+        # The API's waiting line is the store row's; it holds while the live state has not moved past the row.
+        waiting = row.waiting_on_host if row is not None and row.status == detail.live.status.value else None
+        print_state(detail.live, waiting)
+    elif row is not None:
         console.print(
             f"[bold]ticket {shown(row.ticket_id)}[/bold]: {shown(row.title)}  \\[{shown(row.status)}]"
         )
         console.print(
             f"  (Temporal did not answer in time; this is the store's record as of {row.updated_at:%H:%M:%S})"
         )
+        if row.waiting_on_host:
+            console.print(f"  [yellow]{shown(row.waiting_on_host)}[/yellow]")
 
 
-def print_state(state: TicketState) -> None:
+def print_state(state: TicketState, waiting_on_host: str | None = None) -> None:
     spec = state.spec
     console.print(f"[bold]ticket {shown(spec.id)}[/bold]: {shown(spec.title)}  \\[{state.status.value}]")
     console.print(
@@ -164,6 +177,8 @@ def print_state(state: TicketState) -> None:
     )
     if state.outcome_reason:
         console.print(f"  outcome: {shown(state.outcome_reason)}")
+    if waiting_on_host:
+        console.print(f"  [yellow]{shown(waiting_on_host)}[/yellow]")
     for child, status in state.children.items():
         console.print(f"  sub-ticket {shown(child)}: {status.value}")
     if state.attempts:
@@ -413,7 +428,8 @@ def report(
         if target is not None and not target.parent.is_dir():
             fail(f"cannot write {target}: directory {target.parent} does not exist")
     with session_scope(store()) as session:
-        built = build_report(session=session, since=parse_since(since))
+        waiting = waiting_on_hosts(queries.list_tickets(session=session, limit=1000))
+        built = build_report(session=session, since=parse_since(since), waiting_on_hosts=waiting)
     if narrate:
         from daedalus.agents.lead import LeadAgent
 

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from daedalus import services
-from daedalus.cli._common import client, console, fail, policy, run, settings
+from daedalus.cli._common import client, console, fail, policy, registry, run, settings
 from daedalus.cli.remote import local_person, shared_stack
 from daedalus.decisions.schemas import Decision, TrainingRunSubject
 from daedalus.escaping import for_terminal as shown
@@ -49,6 +49,7 @@ def start(
             await client(),
             spec,
             queue=settings().temporal.control_queue,
+            hosts=registry(),
             started_by=starter,
             policy=policy(),
         )

@@ -18,7 +18,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from daedalus.errors import RegistryError
 from daedalus.ids import host_queue
 from daedalus.schemas._base import Model
-from daedalus.schemas.ticket import TICKET_ID_PATTERN
+from daedalus.schemas.ticket import TICKET_ID_PATTERN, HostFacts
 
 HOST_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
 
@@ -141,6 +141,10 @@ class HostSpec(Model):
     @property
     def task_queue(self) -> str:
         return self.queue or host_queue(self.name)
+
+    def facts(self) -> HostFacts:
+        """What a ticket's workflow is told of this host when the ticket is filed."""
+        return HostFacts(schedule_to_start_s=self.schedule_to_start_s, gpus=self.gpus.count)
 
     @model_validator(mode="after")
     def _consistent(self) -> HostSpec:

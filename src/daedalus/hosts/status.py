@@ -4,7 +4,9 @@ and the lease keeper's state; and the line that says why a step is stuck on a ho
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import Protocol
 
 from pydantic import Field
 from temporalio.api.enums.v1 import DescribeTaskQueueMode, TaskQueueKind, TaskQueueType
@@ -16,6 +18,10 @@ from temporalio.service import RPCError
 from daedalus.hosts.leases import KeeperState
 from daedalus.hosts.registry import HostSpec, Registry
 from daedalus.schemas._base import Model
+from daedalus.schemas.ticket import TicketStatus
+
+ON_A_HOST = frozenset({TicketStatus.DISPATCHED, TicketStatus.BUILDING, TicketStatus.GATING})
+"""Statuses in which a ticket's current step is queued or running on its host."""
 
 SEEN_WITHIN_S = 120.0
 """A poller last seen longer ago than this no longer counts as a worker serving the queue."""
@@ -129,3 +135,39 @@ async def unserved(client: Client, host: HostSpec, since: datetime, namespace: s
     for each ticket whose current step is on a host."""
     queue = await describe_queue(client, host.task_queue, namespace)
     return queued_explanation(host.name, host.task_queue, since, queue.pollers, datetime.now(UTC))
+
+
+class TicketOnHost(Protocol):
+    """What `waiting_on_hosts` reads of a ticket: a store row or the API's summary of one."""
+
+    @property
+    def ticket_id(self) -> str: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def updated_at(self) -> datetime: ...
+
+
+async def waiting_on_hosts(
+    client: Client, registry: Registry, tickets: Iterable[TicketOnHost], namespace: str = "default"
+) -> dict[str, str]:
+    """ticket id -> the `queued_explanation` line, for each ticket whose current step is on a host no worker
+    polls (since the ticket's last change: the step was scheduled then). One DescribeTaskQueue per host."""
+    on_host = [t for t in tickets if t.status in ON_A_HOST and t.host in registry.names]
+    queues: dict[str, QueueView] = {}
+    now = datetime.now(UTC)
+    lines: dict[str, str] = {}
+    for ticket in on_host:
+        host = registry.host(ticket.host)
+        if host.name not in queues:
+            queues[host.name] = await describe_queue(client, host.task_queue, namespace)
+        queue = queues[host.name]
+        if queue.error:
+            continue  # Temporal could not say: no claim either way
+        since = ticket.updated_at if ticket.updated_at.tzinfo else ticket.updated_at.replace(tzinfo=UTC)
+        line = queued_explanation(host.name, host.task_queue, since, queue.pollers, now)
+        if line is not None:
+            lines[ticket.ticket_id] = line
+    return lines

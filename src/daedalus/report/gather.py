@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -37,8 +38,15 @@ TONES: dict[str, str] = {
 }
 
 
-def build_report(*, session: Session, since: datetime, now: datetime | None = None) -> Report:
-    """Everything that changed since `since`, and everything still waiting."""
+def build_report(
+    *,
+    session: Session,
+    since: datetime,
+    now: datetime | None = None,
+    waiting_on_hosts: Mapping[str, str] | None = None,
+) -> Report:
+    """Everything that changed since `since`, and everything still waiting; `waiting_on_hosts` (ticket id ->
+    line, from hosts.status.waiting_on_hosts) says which tickets are stuck on a host no worker polls."""
     now = now or datetime.now(UTC)
     tickets = list(
         session.exec(
@@ -46,6 +54,9 @@ def build_report(*, session: Session, since: datetime, now: datetime | None = No
         )
     )
     views = {t.ticket_id: _ticket_view(session, t) for t in tickets}
+    for ticket_id, line in (waiting_on_hosts or {}).items():
+        if ticket_id in views:
+            views[ticket_id].waiting_on_host = line
     roots: list[TicketView] = []
     for ticket in tickets:
         parent = views.get(ticket.parent) if ticket.parent else None

@@ -76,6 +76,7 @@ def _tickets(report: Report, with_charts: bool) -> Section:
             f"engine {cell(t.engine or '-')}, agent {cell(t.agent or '-')}."
             + (f" Outcome: {cell(t.outcome_reason)}." if t.outcome_reason else "")
             + (f" Waiting for {cell(t.awaiting)}." if t.awaiting else "")
+            + (f" **{cell(view.waiting_on_host)}.**" if view.waiting_on_host else "")
         )
         if view.gates:
             lines.extend(

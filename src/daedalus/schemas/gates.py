@@ -179,6 +179,20 @@ class Verdict(StrEnum):
     """The measurement itself broke; never reported as FAIL."""
 
 
+class LeaseRecord(Model):
+    """The GPU lease a measurement ran under: no other measurement held these GPUs meanwhile."""
+
+    lease_id: str
+    host: str
+    gpus: list[int]
+
+    def environment(self) -> dict[str, str]:
+        """What a command under the lease adds to its environment: it sees only the leased GPUs, and can name
+        its lease (as `run_leased` commands do)."""
+        gpus = ",".join(map(str, self.gpus))
+        return {"CUDA_VISIBLE_DEVICES": gpus, "DAEDALUS_LEASE_ID": self.lease_id, "DAEDALUS_LEASE_GPUS": gpus}
+
+
 class GateResult(Model):
     """A gate's verdict with everything needed to re-derive it later without rerunning anything."""
 
@@ -212,3 +226,4 @@ class GateResult(Model):
         default=None,
         description="the measurement as judged (without evidence paths): re-deriving needs it whole",
     )
+    lease: LeaseRecord | None = Field(default=None, description="the GPU lease it ran under; None: no GPUs")

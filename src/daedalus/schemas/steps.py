@@ -3,7 +3,7 @@
 from pydantic import Field
 
 from daedalus.schemas._base import Model
-from daedalus.schemas.gates import GateSpec
+from daedalus.schemas.gates import GateSpec, LeaseRecord
 from daedalus.schemas.ticket import EngineRef, TicketSpec
 
 
@@ -45,4 +45,7 @@ class GateInput(Model):
     commit: str = ""
     engine: EngineRef | None = Field(
         default=None, description="for a ticket without an agent: the engine to measure at its base commit"
+    )
+    lease: LeaseRecord | None = Field(
+        default=None, description="the GPU lease it runs under: its command sees only these GPUs"
     )

@@ -300,11 +300,24 @@ class TicketCarry(Model):
     )
 
 
+class HostFacts(Model):
+    """What a ticket's workflow knows of a host it works on, copied from hosts.yaml when the ticket is filed."""
+
+    schedule_to_start_s: float = Field(
+        gt=0, description="how long a step may wait for a worker before the host counts as unavailable"
+    )
+    gpus: int = Field(default=0, ge=0, description="GPUs a gate holds a lease on; none needs no lease")
+
+
 class TicketInput(Model):
     """The one argument of TicketWorkflow."""
 
     spec: TicketSpec
     filed_by: str = "cli"
+    hosts: dict[str, HostFacts] = Field(
+        default_factory=dict,
+        description="the hosts the ticket and its sub-tickets name; empty for tickets filed before the registry",
+    )
     history_limit: int = Field(
         default=2000, ge=30, le=9000, description="continue as new, at a reminder, past this many events"
     )

@@ -353,6 +353,11 @@ class TrainingRunInput(Model):
 
     spec: TrainingRunSpec
     carry: TrainingCarry = Field(default_factory=TrainingCarry)
+    gpus: int = Field(
+        default=0,
+        ge=0,
+        description="the host's GPUs (hosts.yaml, at start): the run holds a lease on them all",
+    )
     dispatch: DispatchRule | None = Field(
         default=None,
         description="the server policy's dispatch rule, resolved at start; None: starts at once (no policy)",

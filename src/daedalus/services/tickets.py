@@ -121,7 +121,7 @@ class _SpecLoader(yaml.SafeLoader):
 
 def require_known_hosts(spec: TicketSpec, hosts: Registry) -> None:
     """Every host the ticket (and its children) names is declared in the host registry."""
-    for ticket in (spec, *spec.children):
+    for ticket in spec.tree():
         if ticket.host not in hosts.names:
             raise TicketError(
                 f"ticket {ticket.id} names unknown host {ticket.host!r}; hosts.yaml declares: "
@@ -140,22 +140,25 @@ async def file_ticket(
 ) -> WorkflowHandle[Any, Any]:
     """Start `ticket-<id>`; refuses while a ticket with that id is live, allows re-filing a closed one.
 
-    With `hosts` (the registry), a ticket naming an undeclared host is refused before anything starts. With
+    With `hosts` (the registry), a ticket naming an undeclared host is refused before anything starts, and the
+    workflow is told each host's schedule-to-start limit and GPUs (without it: no limit, no GPU leases). With
     the server's `policy` (every entry point that has one passes it), the filer must be allowed to file, a
     spec that loosens its approval is refused, and the ticket waits for a dispatch decision by someone else
     unless the policy lets the filer operate its hosts. Without one, the spec's own approval rules apply.
     """
     require_workable(spec)
     await _refuse_live_children(client, spec)
+    facts = {}
     if hosts is not None:
         require_known_hosts(spec, hosts)
+        facts = {t.host: hosts.host(t.host).facts() for t in spec.tree()}
     dispatch = None
     if policy is not None:
         spec, dispatch = resolve_ticket(policy, spec, filed_by)
     try:
         return await client.start_workflow(
             TicketWorkflow.run,
-            TicketInput(spec=spec, filed_by=filed_by, dispatch=dispatch),
+            TicketInput(spec=spec, filed_by=filed_by, dispatch=dispatch, hosts=facts),
             id=ticket_workflow_id(spec.id),
             task_queue=queue,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,

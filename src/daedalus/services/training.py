@@ -18,6 +18,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from daedalus.decisions.policy import Policy, resolve_training
 from daedalus.errors import NotAllowed
+from daedalus.hosts.registry import Registry, unknown_host_message
 from daedalus.ids import training_workflow_id
 from daedalus.schemas import search_attributes
 from daedalus.schemas.training import StopTraining, TrainingRunInput, TrainingRunSpec, TrainingRunStatus
@@ -67,21 +68,29 @@ async def start_run(
     spec: TrainingRunSpec,
     *,
     queue: str,
+    hosts: Registry | None = None,
     started_by: str = "cli",
     policy: Policy | None = None,
 ) -> WorkflowHandle[TrainingRunWorkflow, TrainingRunStatus]:
     """Start `training-<name>`; refuses while a run of that name is live, allows a new one after it ended.
 
-    With the server's `policy`, a run started by someone who does not operate its host waits for a dispatch
-    decision by someone else before the trainer starts; a spec that loosens its approval is refused."""
+    With `hosts` (the registry), a run on an undeclared host is refused, and a run on a host with GPUs holds a
+    lease on all of them for as long as it lives. With the server's `policy`, a run started by someone who does
+    not operate its host waits for a dispatch decision by someone else before the trainer starts; a spec that
+    loosens its approval is refused."""
     require_startable(spec)
+    gpus = 0
+    if hosts is not None:
+        if spec.host not in hosts.names:
+            raise TicketError(f"training run {spec.name}: {unknown_host_message(spec.host, hosts.names)}")
+        gpus = hosts.host(spec.host).gpus.count
     dispatch = None
     if policy is not None:
         spec, dispatch = resolve_training(policy, spec, started_by)
     try:
         return await client.start_workflow(
             TrainingRunWorkflow.run,
-            TrainingRunInput(spec=spec, dispatch=dispatch, started_by=started_by.lower()),
+            TrainingRunInput(spec=spec, gpus=gpus, dispatch=dispatch, started_by=started_by.lower()),
             id=spec.workflow_id,
             task_queue=queue,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,

@@ -117,6 +117,9 @@ class VerdictRow(SQLModel, table=True):
     evidence: dict[str, str] = Field(
         default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}")
     )
+    lease: dict[str, Any] | None = Field(
+        default=None, sa_column=Column(JSON, nullable=True), description="the GPU lease it ran under"
+    )
 
 
 class LessonRow(SQLModel, table=True):

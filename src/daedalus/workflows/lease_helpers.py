@@ -28,10 +28,16 @@ WAIT_LIMIT = timedelta(hours=12)
 
 @asynccontextmanager
 async def holding_lease(
-    host: str, request: LeaseRequest, *, wait: timedelta = WAIT_LIMIT
+    host: str,
+    request: LeaseRequest,
+    *,
+    wait: timedelta = WAIT_LIMIT,
+    kept_across_continue_as_new: bool = False,
 ) -> AsyncIterator[LeaseOutcome]:
     """Hold `request` on `host` for the body. A refusal raises ActivityError whose cause is an ApplicationError
-    of type LeaseRefused, with the keeper's reason."""
+    of type LeaseRefused, with the keeper's reason. With `kept_across_continue_as_new`, a body that continues as
+    new leaves the lease held for the next run, which acquires the same `lease_id` again (idempotent) and keeps
+    it alive from there: a training run's GPUs are never free between two runs of its workflow."""
     lease: LeaseOutcome = await workflow.execute_activity(
         "acquire_lease",
         LeaseCall(host=host, request=request),
@@ -48,16 +54,21 @@ async def holding_lease(
             await keeper.signal("keepalive", request.lease_id)
 
     beating = asyncio.create_task(keep_alive())
+    release = True
     try:
         yield lease
+    except workflow.ContinueAsNewError:
+        release = not kept_across_continue_as_new
+        raise
     finally:
         beating.cancel()
-        # Released even when the body failed or the workflow is being cancelled.
-        await asyncio.shield(
-            workflow.execute_activity(
-                "release_lease",
-                LeaseCall(host=host, lease_id=request.lease_id),
-                start_to_close_timeout=timedelta(minutes=2),
-                retry_policy=RetryPolicy(maximum_attempts=5),
+        if release:
+            # Released even when the body failed or the workflow is being cancelled.
+            await asyncio.shield(
+                workflow.execute_activity(
+                    "release_lease",
+                    LeaseCall(host=host, lease_id=request.lease_id),
+                    start_to_close_timeout=timedelta(minutes=2),
+                    retry_policy=RetryPolicy(maximum_attempts=5),
+                )
             )
-        )

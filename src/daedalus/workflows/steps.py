@@ -12,14 +12,16 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from enum import StrEnum
 from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributeUpdate
-from temporalio.exceptions import ActivityError, FailureError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TimeoutError, TimeoutType
 
 with workflow.unsafe.imports_passed_through():
     from daedalus.activities.refs import ActivityRef
+    from daedalus.hosts.mirrors import ENVIRONMENT_ERROR
     from daedalus.ids import host_queue
 
 In = TypeVar("In")
@@ -31,11 +33,37 @@ STEP_HEARTBEAT = timedelta(seconds=20)
 STEP_RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=2))
 
 
+class StepFailure(StrEnum):
+    CRASHED = "crashed"
+    """The step ran and failed (a crash, a worker lost mid-step) after its retries."""
+    ENVIRONMENT = "environment"
+    """The host's environment is broken (engine repo unreachable, commit missing): nothing of the work ran."""
+    UNSERVED = "unserved"
+    """No worker took the step from the host's queue within the host's schedule-to-start limit."""
+
+
 @dataclass(frozen=True)
 class StepFailed:
     """A host step that failed after its retries: recorded, then the workflow moves on."""
 
     message: str
+    kind: StepFailure = StepFailure.CRASHED
+
+    @property
+    def is_the_hosts(self) -> bool:
+        """The host, not the work, is at fault: no attempt should be spent on it."""
+        return self.kind is not StepFailure.CRASHED
+
+
+def failed_step(error: ActivityError) -> StepFailed:
+    """What a host step's ActivityError means: the host unserved, its environment broken, or the step failed."""
+    cause = error.cause
+    message = str(cause.message if isinstance(cause, FailureError) else error)
+    if isinstance(cause, TimeoutError) and cause.type is TimeoutType.SCHEDULE_TO_START:
+        return StepFailed(message=message, kind=StepFailure.UNSERVED)
+    if isinstance(cause, ApplicationError) and cause.type == ENVIRONMENT_ERROR:
+        return StepFailed(message=message, kind=StepFailure.ENVIRONMENT)
+    return StepFailed(message=message)
 
 
 class Interrupted(Exception):
@@ -61,24 +89,27 @@ class Steps:
         timeout: timedelta,
         heartbeat: timedelta | None = STEP_HEARTBEAT,
         retry: RetryPolicy = STEP_RETRY,
+        schedule_to_start: timedelta | None = None,
+        interruptible: bool = True,
         summary: str | None = None,
     ) -> Out | StepFailed:
-        """Run `ref` on `host`'s queue; a step that fails after its retries is a result, not a crash.
-        `summary` labels the step's bar in the Temporal UI's timeline."""
+        """Run `ref` on `host`'s queue; a step that fails after its retries is a result, not a crash. With
+        `schedule_to_start`, a step no worker takes within it fails as UNSERVED. `interruptible=False` is for
+        a step inside a larger one that `run` already makes interruptible (a gate under its lease). `summary`
+        labels the step's bar in the Temporal UI's timeline."""
+        call = ref.execute(
+            argument,
+            task_queue=host_queue(host),
+            start_to_close_timeout=timeout,
+            schedule_to_start_timeout=schedule_to_start,
+            heartbeat_timeout=heartbeat,
+            retry_policy=retry,
+            summary=summary,
+        )
         try:
-            return await self.run(
-                ref.execute(
-                    argument,
-                    task_queue=host_queue(host),
-                    start_to_close_timeout=timeout,
-                    heartbeat_timeout=heartbeat,
-                    retry_policy=retry,
-                    summary=summary,
-                )
-            )
+            return await (self.run(call) if interruptible else call)
         except ActivityError as error:
-            cause = error.cause
-            return StepFailed(message=str(cause.message if isinstance(cause, FailureError) else error))
+            return failed_step(error)
 
     async def run(self, awaitable: Awaitable[T]) -> T:
         """Run one step so that an interruption can cancel it. Once interrupted, whatever the step raises

@@ -9,6 +9,8 @@ ticket_rules.py; the state is one model, carried across continue-as-new while a 
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, NoReturn
 
@@ -45,7 +47,7 @@ with workflow.unsafe.imports_passed_through():
     from daedalus.workflows import ticket_rules as rules
     from daedalus.workflows.steps import Interrupted, Steps, history_is_long
     from daedalus.workflows.ticket_lessons import TicketLessons
-    from daedalus.workflows.ticket_steps import TicketSteps
+    from daedalus.workflows.ticket_steps import HostProblem, TicketSteps
     from daedalus.workflows.ticket_ui import TicketUi
     from daedalus.workflows.trail import AuditTrail
 
@@ -80,7 +82,7 @@ class TicketWorkflow:
         self.steps = Steps(lambda: self.cancel_request is not None)
         self.ui = TicketUi()
         self.lessons = TicketLessons()
-        self.work = TicketSteps(self.steps, self.trail, self.ui, self.lessons)
+        self.work = TicketSteps(self.steps, self.trail, self.ui, self.lessons, ticket.hosts)
         self.trail.begin()
 
     # ---- queries and updates -------------------------------------------------------------------------
@@ -224,6 +226,7 @@ class TicketWorkflow:
                         spec=child,
                         filed_by=f"ticket {self.spec.id}",
                         dispatch=rules.child_dispatch(self.input.dispatch, child),
+                        hosts=self.input.hosts,
                     ),
                     id=ticket_workflow_id(child.id),
                     search_attributes=sa.at_start(child),
@@ -252,7 +255,9 @@ class TicketWorkflow:
                 number=len(self.s.attempts) + 1, branch="", outcome=AttemptOutcome.COMMITTED
             )
             self._set(attempts=[*self.s.attempts, summary])
-            decided = await self._gate_and_decide(summary, commit="")
+            decided = await self._until_the_host_works(
+                functools.partial(self._gate_and_decide, summary, commit="")
+            )
             if decided is not None:
                 return decided
             last = self.s.attempts[-1]
@@ -273,7 +278,8 @@ class TicketWorkflow:
                 closed = await self._escalate(why)
                 if closed is not None:
                     return closed
-            closed = await self._one_attempt(len(self.s.attempts) + 1)
+            number = len(self.s.attempts) + 1
+            closed = await self._until_the_host_works(functools.partial(self._one_attempt, number))
             if closed is not None:
                 return closed
 
@@ -290,8 +296,13 @@ class TicketWorkflow:
         await self.trail.record(AuditKind.ATTEMPT, text, detail=detail)
         if summary.commit is None:
             return None
+        return await self._until_the_host_works(functools.partial(self._build_and_gate, summary))
+
+    async def _build_and_gate(self, summary: AttemptSummary) -> rules.Closed | None:
+        spec = self.spec
+        assert summary.commit is not None  # only a committed attempt is built and measured
         if spec.build is not None:
-            await self._transition(TicketStatus.BUILDING, f"building attempt {number} on {spec.host}")
+            await self._transition(TicketStatus.BUILDING, f"building attempt {summary.number} on {spec.host}")
             failed = await self.work.build(spec, summary)
             if failed is not None:
                 self._replace_attempt(failed)
@@ -308,15 +319,29 @@ class TicketWorkflow:
             return await self._escalate(judged.escalate)
         return judged.closed
 
-    async def _escalate(self, why: str) -> rules.Closed | None:
+    async def _escalate(self, why: str, *, grants_attempt: bool = True) -> rules.Closed | None:
         self._set(escalation_why=why)
         evidence = rules.evidence(self.s.attempts)
         question = f"{why} What now? ({TICKET_ESCALATION_MEANING})"
         answer = await self._ask(DecisionKind.ESCALATION, question, TicketEscalationOption, evidence)
         closed = rules.escalation_outcome(answer.option, answer.by, why)
-        if closed is None:
+        if closed is None and grants_attempt:
             self._set(granted=rules.retry_granted(self.spec, self.s.granted, len(self.s.attempts)))
         return closed
+
+    async def _until_the_host_works(
+        self, step: Callable[[], Awaitable[rules.Closed | None]]
+    ) -> rules.Closed | None:
+        """Run `step`; while its host cannot run it (no worker, a broken environment, GPUs not leased), ask the
+        decider, spending no attempt: retry runs the step again."""
+        while True:
+            try:
+                return await step()
+            except HostProblem as problem:
+                workflow.logger.warning("%s", problem)  # the control worker's log says it too
+                closed = await self._escalate(str(problem), grants_attempt=False)
+                if closed is not None:
+                    return closed
 
     # ---- decisions and bookkeeping -------------------------------------------------------------------
 

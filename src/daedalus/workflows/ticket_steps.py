@@ -4,6 +4,13 @@ Each returns what the ticket needs to decide (an attempt summary, a gate result)
 host after its retries becomes such a result too (AGENT_FAILED, a failed build, an INVALID gate), never a
 crash of the ticket. Build and gate events are written here; the attempt's event is the workflow's, because
 its projection counts the attempt.
+
+A step the host itself could not run raises `HostProblem` instead: no worker took it within the host's
+schedule-to-start limit, the host's environment is broken (engine repo unreachable, commit missing), or its
+GPUs could not be leased. The ticket spends no attempt on it and asks the decider, with what to fix.
+
+A gate on a host with GPUs runs under a lease on all of them from the host's lease keeper (an A/B gate measures
+both arms in its one command, so both arms run under the one lease); the verdict records the lease.
 """
 
 from __future__ import annotations
@@ -11,30 +18,75 @@ from __future__ import annotations
 from datetime import timedelta
 
 from temporalio import workflow
+from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from daedalus.activities.refs import RUN_ATTEMPT, RUN_BUILD, RUN_GATE
+    from daedalus.hosts.leases import LeaseRequest
+    from daedalus.ids import host_queue
     from daedalus.schemas.agents import ExitReason
     from daedalus.schemas.audit import AuditKind
-    from daedalus.schemas.gates import GateResult, GateSpec, Verdict
+    from daedalus.schemas.gates import GateKind, GateResult, GateSpec, LeaseRecord, Verdict
     from daedalus.schemas.steps import AttemptInput, BuildInput, BuildResult, GateInput
-    from daedalus.schemas.ticket import AttemptOutcome, AttemptSummary, TicketSpec
+    from daedalus.schemas.ticket import AttemptOutcome, AttemptSummary, HostFacts, TicketSpec
     from daedalus.schemas.ui import gate_activity_summary
     from daedalus.workflows import ticket_rules as rules
-    from daedalus.workflows.steps import StepFailed, Steps
+    from daedalus.workflows.lease_helpers import holding_lease
+    from daedalus.workflows.steps import StepFailed, StepFailure, Steps
     from daedalus.workflows.ticket_lessons import TicketLessons
     from daedalus.workflows.ticket_ui import TicketUi
     from daedalus.workflows.trail import AuditTrail
 
 ATTEMPT_TIMEOUT = timedelta(hours=6)
 
+HOST_PROBLEMS_ASK = "host-problems-ask-the-decider"
+"""Patch: a step the host could not run asks the decider and spends no attempt (before it, an environment error
+was recorded as the agent's failed attempt, or as an INVALID gate)."""
+GATES_HOLD_LEASES = "gates-hold-gpu-leases"
+"""Patch: a gate on a host with GPUs runs under a lease on them (before it, gates ran without one)."""
+
+
+class HostProblem(Exception):
+    """A step the host could not run; the message is the question for the decider, with what to fix."""
+
 
 class TicketSteps:
-    def __init__(self, steps: Steps, trail: AuditTrail, ui: TicketUi, lessons: TicketLessons) -> None:
+    def __init__(
+        self,
+        steps: Steps,
+        trail: AuditTrail,
+        ui: TicketUi,
+        lessons: TicketLessons,
+        hosts: dict[str, HostFacts],
+    ) -> None:
         self.steps = steps
         self.trail = trail
         self.ui = ui
         self.lessons = lessons
+        self.hosts = hosts
+
+    def _schedule_to_start(self, host: str) -> timedelta | None:
+        """The host's schedule-to-start limit; None for a ticket filed without the registry's facts."""
+        facts = self.hosts.get(host)
+        return None if facts is None else timedelta(seconds=facts.schedule_to_start_s)
+
+    def _raise_if_the_hosts(self, spec: TicketSpec, step: str, failed: StepFailed) -> None:
+        """Raise HostProblem when the host, not the work, failed the step (histories before the rule go on as
+        they did)."""
+        if not failed.is_the_hosts or not workflow.patched(HOST_PROBLEMS_ASK):
+            return
+        host = spec.host
+        if failed.kind is StepFailure.UNSERVED:
+            limit = self.hosts[host].schedule_to_start_s
+            raise HostProblem(
+                f"Ticket {spec.id}: host {host} is unavailable: no worker took its {step} from task queue "
+                f"{host_queue(host)} within {limit:g}s. Run `daedalus worker --host {host}` on {host} (or "
+                f"refile the ticket on another host), then answer retry; no attempt was spent."
+            )
+        raise HostProblem(
+            f"Ticket {spec.id}: the environment of host {host} is broken, so its {step} could not run: "
+            f"{failed.message} No attempt was spent; answer retry once it is fixed."
+        )
 
     async def attempt(self, spec: TicketSpec, number: int, brief: str) -> tuple[AttemptSummary, str]:
         """Run the agent once; the attempt (committed, or why not) and the text of its audit event."""
@@ -45,9 +97,11 @@ class TicketSteps:
             AttemptInput(spec=spec, attempt=number, brief=brief, filing=filing, lessons=lessons),
             host=spec.host,
             timeout=ATTEMPT_TIMEOUT,
+            schedule_to_start=self._schedule_to_start(spec.host),
             summary=f"attempt {number}: {spec.agent.name.value if spec.agent else 'agent'} on {spec.host}",
         )
         if isinstance(result, StepFailed):
+            self._raise_if_the_hosts(spec, f"attempt {number}", result)
             detail = f"the attempt step failed on {spec.host}: {result.message}"
             failed = AttemptSummary(
                 number=number, branch="", outcome=AttemptOutcome.AGENT_FAILED, detail=detail
@@ -85,9 +139,11 @@ class TicketSteps:
             ),
             host=spec.host,
             timeout=timedelta(seconds=spec.build.timeout_s + 60),
+            schedule_to_start=self._schedule_to_start(spec.host),
             summary=f"build attempt {number} on {spec.host}",
         )
         if isinstance(build, StepFailed):
+            self._raise_if_the_hosts(spec, f"build of attempt {number}", build)
             build = BuildResult(
                 ok=False, returncode=-1, log="", log_tail=f"build step failed: {build.message}"
             )
@@ -106,23 +162,18 @@ class TicketSteps:
         engine = spec.engine if spec.agent is None else None
         for round_number in range(1, spec.approval.inconclusive_reruns + 2):
             self.ui.measuring(spec, gate.name, attempt)
-            measured = await self.steps.on_host(
-                RUN_GATE,
-                GateInput(
-                    ticket_id=spec.id,
-                    attempt=attempt,
-                    round=round_number,
-                    gate=gate,
-                    host=spec.host,
-                    commit=commit,
-                    engine=engine,
-                ),
+            step = GateInput(
+                ticket_id=spec.id,
+                attempt=attempt,
+                round=round_number,
+                gate=gate,
                 host=spec.host,
-                timeout=timedelta(seconds=gate.timeout_s + 60),
-                summary=gate_activity_summary(
-                    gate.name, gate.describe(), attempt=attempt, round=round_number
-                ),
+                commit=commit,
+                engine=engine,
             )
+            measured = await self._gate_step(spec, step)
+            if isinstance(measured, StepFailed):
+                self._raise_if_the_hosts(spec, f"gate {gate.name} of attempt {attempt}", measured)
             result = (
                 rules.failed_step_result(gate, spec.host, commit, measured.message)
                 if isinstance(measured, StepFailed)
@@ -138,4 +189,59 @@ class TicketSteps:
             )
             if result.verdict in (Verdict.PASS, Verdict.FAIL):
                 break
+        return result
+
+    async def _gate_step(self, spec: TicketSpec, step: GateInput) -> GateResult | StepFailed:
+        """Run one round of a gate; on a host with GPUs, under a lease on all of them, recorded in the result."""
+        facts = self.hosts.get(spec.host)
+        timeout = timedelta(seconds=step.gate.timeout_s + 60)
+        schedule_to_start = self._schedule_to_start(spec.host)
+        summary = gate_activity_summary(
+            step.gate.name, step.gate.describe(), attempt=step.attempt, round=step.round
+        )
+        if facts is None or facts.gpus == 0 or not workflow.patched(GATES_HOLD_LEASES):
+            return await self.steps.on_host(
+                RUN_GATE,
+                step,
+                host=spec.host,
+                timeout=timeout,
+                schedule_to_start=schedule_to_start,
+                summary=summary,
+            )
+        run_id = workflow.info().first_execution_run_id
+        request = LeaseRequest(
+            lease_id=f"ticket-{spec.id}/{run_id[:8]}/attempt-{step.attempt}/{step.gate.name}/round-{step.round}",
+            holder=f"ticket {spec.id} gate {step.gate.name}",
+            purpose="ab" if step.gate.kind is GateKind.AB else "gate",
+            gpus=list(range(facts.gpus)),
+        )
+
+        async def under_lease() -> GateResult | StepFailed:
+            async with holding_lease(spec.host, request) as lease:
+                leased = LeaseRecord(lease_id=lease.lease_id, host=spec.host, gpus=lease.gpus)
+                measured = await self.steps.on_host(
+                    RUN_GATE,
+                    step.model_copy(update={"lease": leased}),
+                    host=spec.host,
+                    timeout=timeout,
+                    schedule_to_start=schedule_to_start,
+                    summary=summary,
+                    interruptible=False,  # `run` below interrupts the whole of it, the lease's wait too
+                )
+            if isinstance(measured, StepFailed):
+                return measured
+            return measured.model_copy(update={"lease": leased})
+
+        try:
+            result = await self.steps.run(under_lease())
+        except ActivityError as refused:  # the lease keeper would not grant the GPUs
+            self.steps.raise_if_interrupted()
+            cause = refused.cause
+            reason = cause.message if isinstance(cause, FailureError) else str(refused)
+            raise HostProblem(
+                f"Ticket {spec.id}: the GPUs of host {spec.host} could not be leased for gate "
+                f"{step.gate.name} of attempt {step.attempt}: {reason}. No attempt was spent; answer retry "
+                f"once they can be."
+            ) from None
+        self.steps.raise_if_interrupted()
         return result

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any, NoReturn
 
@@ -37,9 +38,11 @@ with workflow.unsafe.imports_passed_through():
         TrainingRunSubject,
     )
     from daedalus.errors import TrainingInputError
+    from daedalus.hosts.leases import LeaseRequest
     from daedalus.ids import host_queue, ticket_workflow_id
     from daedalus.schemas import search_attributes as sa
     from daedalus.schemas.audit import AuditKind, TrailState
+    from daedalus.schemas.gates import LeaseRecord
     from daedalus.schemas.ticket import AgentSpec, TicketInput, TicketKind, TicketSpec
     from daedalus.schemas.training import (
         COUNTED_DEATHS,
@@ -56,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
         TrainingRunStatus,
     )
     from daedalus.schemas.ui import start_details, start_summary
+    from daedalus.workflows.lease_helpers import holding_lease
     from daedalus.workflows.steps import StepFailed, Steps, history_is_long
     from daedalus.workflows.ticket_rules import tree_commands
     from daedalus.workflows.trail import AuditTrail
@@ -69,6 +73,12 @@ HUNTING_TICKET_WORKFLOW = "TicketWorkflow"
 """By name, not by `TicketWorkflow.run`: the run never reads the hunt's result, and a typed start would decode
 it (stored histories hold hunts whose test stand-in returned something else)."""
 LAUNCH_ALLOWANCE_S = 60.0
+LEASE_PATCH = "training-holds-gpu-lease"
+"""A run on a host with GPUs holds a lease on them from its first incarnation to its end (runs started before
+had no GPU count in their input, so never take this branch; the patch marks the change all the same)."""
+TRAINING_LEASE_PRIORITY = 30
+"""Below a gate's 50: a long run yields to measurements queued behind it only by the keeper's aging rule, and a
+tenant of higher priority may revoke it (hosts/leases.py)."""
 ENDED = (RunState.STOPPED, RunState.FINISHED, RunState.GAVE_UP)
 
 
@@ -124,6 +134,8 @@ class TrainingRunWorkflow:
             notify=lambda: workflow.patched(DESK_PATCH),
         )
         self.steps = Steps(lambda: False)
+        self.gpus = inp.gpus
+        self.lease: LeaseRecord | None = None
         self.trail.begin()
 
     # ---- queries, updates, signals --------------------------------------------------------------------
@@ -202,14 +214,37 @@ class TrainingRunWorkflow:
             return self.status()
         if self.c.host_report is None:
             self._set(host_report=await self._host_report())
-        try:
-            await self._live()
-        except ApplicationError as err:
-            if self.c.state is RunState.GAVE_UP:
-                await self.trail.record(AuditKind.CLOSED, f"gave up: {err.message}")
-            raise
+        async with self._holding_gpus():
+            try:
+                await self._live()
+            except ApplicationError as err:
+                if self.c.state is RunState.GAVE_UP:
+                    await self.trail.record(AuditKind.CLOSED, f"gave up: {err.message}")
+                raise
         await self.trail.record(AuditKind.CLOSED, self._ending(), actor=self._ended_by())
         return self.status()
+
+    @contextlib.asynccontextmanager
+    async def _holding_gpus(self) -> AsyncIterator[None]:
+        """On a host with GPUs, the run holds a lease on all of them until it ends, kept across continue-as-new
+        (a run continued as new acquires the same lease id again, which the keeper answers with the grant)."""
+        if self.gpus == 0 or not workflow.patched(LEASE_PATCH):
+            yield
+            return
+        host = self.spec.host
+        request = LeaseRequest(
+            lease_id=f"{self.spec.workflow_id}/{workflow.info().first_execution_run_id[:8]}",
+            holder=f"training run {self.spec.name}",
+            purpose="training",
+            gpus=list(range(self.gpus)),
+            priority=TRAINING_LEASE_PRIORITY,
+        )
+        async with holding_lease(host, request, kept_across_continue_as_new=True) as lease:
+            self.lease = LeaseRecord(lease_id=lease.lease_id, host=host, gpus=lease.gpus)
+            try:
+                yield
+            finally:
+                self.lease = None
 
     async def _dispatched(self, rule: DispatchRule) -> bool:
         """The server's policy requires a dispatch decision before anything runs on the host (the starter does
@@ -281,7 +316,9 @@ class TrainingRunWorkflow:
         # longer required, for its hunting tickets.
         dispatched = self.dispatch.model_copy(update={"required": False}) if self.dispatch else None
         workflow.continue_as_new(
-            TrainingRunInput(spec=self.spec, carry=carry, started_by=self.started_by, dispatch=dispatched)
+            TrainingRunInput(
+                spec=self.spec, carry=carry, gpus=self.gpus, started_by=self.started_by, dispatch=dispatched
+            )
         )
 
     def _set(self, **changes: object) -> None:
@@ -365,8 +402,9 @@ class TrainingRunWorkflow:
 
     async def _supervise(self) -> SegmentReport:
         policy = self.spec.watchdog
+        leased = self.lease.environment() if self.lease else {}
         inp = SuperviseInput(
-            spec=self.spec,
+            spec=self.spec.model_copy(update={"env": {**self.spec.env, **leased}}),
             incarnation=self.c.incarnation,
             stop_requested=self.c.stop is not None,
             resume_from=self._resume_from(),
