@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -35,6 +37,17 @@ from daedalus.schemas.training import (
 )
 
 TRAINER = Path(__file__).resolve().parents[1] / "fixtures" / "trainer.py"
+
+
+@pytest.fixture(autouse=True)
+def no_trainer_outlives_its_test(tmp_path: Path) -> Iterator[None]:
+    """A test that fails half-way leaves its trainer (and keeper) running: kill whatever still runs under its
+    directory, so one failure never leaves stray processes on the machine."""
+    yield
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(str(tmp_path) in part for part in proc.info["cmdline"] or []):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
 
 
 def make_spec(
