@@ -75,6 +75,7 @@ __all__ = [
     "DevServerError",
     "EngineError",
     "EngineRepoUnavailable",
+    "EngineSetupError",
     "ForbiddenCommand",
     "GitError",
     "GpuUnavailable",
@@ -84,7 +85,9 @@ __all__ = [
     "LeaseLost",
     "LeaseRefused",
     "MetricsUnavailable",
+    "NotAllowed",
     "PathEscape",
+    "PolicyFileError",
     "PresetError",
     "RegistryError",
     "SandboxError",
@@ -94,6 +97,7 @@ __all__ = [
     "SlackUnavailable",
     "TicketCancelled",
     "TicketError",
+    "TokenError",
     "ToolError",
     "TrainingInputError",
     "TransientError",
@@ -148,6 +152,10 @@ class TicketError(InputError):
 
 class UnknownRequest(TicketError):
     """A decision for a request no ticket, training run or campaign asked."""
+
+
+class TokenError(TicketError):
+    """A token command was given something it cannot use (an unknown id, a bad person)."""
 
 
 class NotAllowed(TicketError):

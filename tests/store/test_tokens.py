@@ -7,10 +7,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import Engine, text, update
 
+from daedalus.errors import TokenError
 from daedalus.store import tokens
 from daedalus.store.database import session_scope
 from daedalus.store.tables import ApiTokenRow
-from daedalus.store.tokens import Refusal, TokenError
+from daedalus.store.tokens import Refusal
 
 
 def test_only_a_salted_hash_is_stored(store_engine: Engine) -> None:

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from daedalus.cli._common import console, fail, store
 from daedalus.cli.tickets import parse_duration
+from daedalus.errors import TokenError
 from daedalus.escaping import for_terminal as shown
 from daedalus.store import tokens
 
@@ -34,7 +35,7 @@ def create(
             fail(f"--expires-in {expires_in!r} is not a duration like 30m, 12h or 90d")
     try:
         issued = tokens.issue(store(), person, created_by=getpass.getuser(), expires_in=lifetime)
-    except tokens.TokenError as error:
+    except TokenError as error:
         fail(str(error))
     row = issued.row
     until = f"until {row.expires_at:%Y-%m-%d %H:%M} UTC" if row.expires_at else "until revoked"
@@ -69,7 +70,7 @@ def revoke(token_id: Annotated[str, typer.Argument(help="the id `daedalus token 
     """Withdraw a token at once: the API answers 401 to it from the next request on."""
     try:
         row = tokens.revoke(store(), token_id)
-    except tokens.TokenError as error:
+    except TokenError as error:
         fail(str(error))
     console.print(
         f"API token {row.token_id} of {shown(row.person)} revoked at {row.revoked_at:%Y-%m-%d %H:%M:%S} UTC"

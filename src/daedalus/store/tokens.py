@@ -24,17 +24,13 @@ from sqlalchemy import Engine
 from sqlmodel import select
 
 from daedalus.decisions.schemas import PERSON_PATTERN
-from daedalus.errors import TicketError
+from daedalus.errors import TokenError
 from daedalus.store.database import session_scope
 from daedalus.store.tables import ApiTokenRow
 
 PREFIX = "dtk"
 TOKEN_PATTERN = re.compile(r"^dtk_(?P<token_id>[0-9a-f]{8})_(?P<secret>[A-Za-z0-9_-]{43})$")
 _DUMMY_SALT = bytes(16)
-
-
-class TokenError(TicketError):
-    """A token command was given something it cannot use (an unknown id, a bad person)."""
 
 
 class Refusal(Enum):
