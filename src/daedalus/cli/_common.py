@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import signal
 import sys
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -38,12 +39,37 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
+STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine; a TicketError becomes a clear message and exit code 2."""
+    """Run a coroutine; a TicketError becomes a clear message and exit code 2. SIGTERM and SIGHUP end it as
+    Ctrl-C does (exit 128 + the signal): the coroutine is cancelled, so every `async with` it entered (the
+    embedded Temporal, the workers and the steps they run) is left in order and nothing it started outlives it."""
+    stopped_by: list[signal.Signals] = []
+
+    async def stoppable() -> T:
+        task = asyncio.current_task()
+        assert task is not None
+
+        def stop(signum: signal.Signals) -> None:
+            stopped_by.append(signum)
+            task.cancel()
+
+        loop = asyncio.get_running_loop()
+        for signum in STOPPING_SIGNALS:
+            loop.add_signal_handler(signum, stop, signum)
+        return await coroutine
+
     try:
-        return asyncio.run(coroutine)
+        return asyncio.run(stoppable())
     except TicketError as error:
         fail(str(error))
+    except asyncio.CancelledError:
+        if not stopped_by:
+            raise
+        errors.print(f"stopped by {stopped_by[0].name}")
+        raise SystemExit(128 + stopped_by[0]) from None
 
 
 @functools.cache
