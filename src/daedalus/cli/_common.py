@@ -6,6 +6,7 @@ import asyncio
 import functools
 import signal
 import sys
+import threading
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -56,9 +57,10 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
             stopped_by.append(signum)
             task.cancel()
 
-        loop = asyncio.get_running_loop()
-        for signum in STOPPING_SIGNALS:
-            loop.add_signal_handler(signum, stop, signum)
+        if threading.current_thread() is threading.main_thread():  # signals reach only the main thread
+            loop = asyncio.get_running_loop()
+            for signum in STOPPING_SIGNALS:
+                loop.add_signal_handler(signum, stop, signum)
         return await coroutine
 
     try:
