@@ -57,7 +57,7 @@ async def run(spec_path: Path) -> dict[str, object]:
     engine = make_engine(f"sqlite:///{tmp / 'store.db'}")
     migrate(engine)
     queue = f"bench-{uuid.uuid4().hex[:8]}"
-    with DevServer(db_file=None, port=free_port(), ui_port=None) as server:
+    with DevServer(db_file=None, port=free_port(), ui_port=None, die_with_parent=True) as server:
         client = await Client.connect(server.address, data_converter=pydantic_data_converter)
         config = WorkerConfig(
             control_queue=queue, hosts=[spec.host], workspace_root=tmp / "ws", artifacts=tmp / "artifacts"

@@ -191,7 +191,7 @@ async def main() -> None:
     args = parser.parse_args()
     with (
         tempfile.TemporaryDirectory() as name,
-        DevServer(db_file=None, port=free_port(), ui_port=None) as server,
+        DevServer(db_file=None, port=free_port(), ui_port=None, die_with_parent=True) as server,
     ):
         tmp = Path(name)
         global MARKS

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
+import gc
 import json
 import os
 import platform
@@ -79,6 +81,15 @@ from daedalus.schemas.steps import AttemptInput, BuildInput, BuildResult, GateIn
 from daedalus.schemas.ticket import Decision, DecisionRequest, TicketSpec, TicketStatus  # noqa: E402
 from daedalus.store.database import make_engine, migrate  # noqa: E402
 from daedalus.worker import WorkerConfig, control_worker  # noqa: E402
+
+try:
+    from daedalus.worker import settle_heap
+except ImportError:  # a checkout from before it (PYTHONPATH=<another checkout>/src)
+
+    def settle_heap() -> None:
+        pass
+
+
 from daedalus.workflows.ticket import TicketWorkflow  # noqa: E402
 from daedalus.workflows.trail import AUDIT_LOCAL_ACTIVITY  # noqa: E402
 
@@ -147,10 +158,23 @@ def host_worker(client: Client) -> Worker:
     )
 
 
-async def run_worker(address: str, store: str | None, workflow_cache: int | None, remote_audit: bool) -> None:
-    """The worker process. Without a store (part a): TicketWorkflow and the bare workflow on the control queue,
-    fakes on both queues. With one (part b): the control worker as `daedalus worker` builds it, on that store."""
+async def run_worker(
+    address: str,
+    store: str | None,
+    workflow_cache: int | None,
+    remote_audit: bool,
+    hosts_only: bool,
+    unsandboxed: bool,
+) -> None:
+    """A worker process. Without a store (part a): TicketWorkflow and the bare workflow on the control queue,
+    fakes on both queues. With one (part b): the control worker as `daedalus worker --control` builds it, on
+    that store, alone in its process as in production. `hosts_only`: the fake host activities (part b), in a
+    process of their own as a GPU host's worker is."""
     client = await Client.connect(address, data_converter=pydantic_data_converter)
+    if hosts_only:
+        async with host_worker(client):
+            print("worker ready", flush=True)
+            await asyncio.Event().wait()
     if store is None:
         control = Worker(
             client,
@@ -171,10 +195,47 @@ async def run_worker(address: str, store: str | None, workflow_cache: int | None
             config = dataclasses.replace(config, max_cached_workflows=workflow_cache)
         if remote_audit:  # the code before the patch: each audit event a remote activity
             config = dataclasses.replace(config, inactive_patches=frozenset({AUDIT_LOCAL_ACTIVITY}))
-        control = control_worker(client, config, engine)
+        if unsandboxed:  # DAEDALUS_TEMPORAL_SANDBOX=false
+            config = dataclasses.replace(config, sandboxed=False)
+        async with control_worker(client, config, engine):
+            settle_heap()  # as `daedalus worker` does once its workers run
+            log_gc_pauses(tmp / f"gc-{os.getpid()}.log")
+            print("worker ready", flush=True)
+            await asyncio.Event().wait()
     async with control, host_worker(client):
         print("worker ready", flush=True)
         await asyncio.Event().wait()
+
+
+def log_gc_pauses(log: Path) -> None:
+    """Append `<unix time> <generation> <pause ms>` for each collection of the older generations (a full one walks
+    every live object, and stalls every thread of the worker while it does)."""
+    out = log.open("a", buffering=1)  # open for the process's life
+    started = [0.0]
+
+    def pause(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        elif info["generation"] >= 1:
+            out.write(
+                f"{time.time():.3f} {info['generation']} {(time.perf_counter() - started[0]) * 1000:.1f}\n"
+            )
+
+    gc.callbacks.append(pause)
+
+
+def gc_pauses(store_dir: Path, since: float, until: float) -> dict[str, Any]:
+    """The control workers' collections between two instants: full ones, and the longest pause of any."""
+    pauses = [
+        (int(generation), float(ms))
+        for log in store_dir.glob("gc-*.log")
+        for at, generation, ms in (line.split() for line in log.read_text().splitlines())
+        if since <= float(at) <= until
+    ]
+    return {
+        "full_collections": sum(1 for generation, _ in pauses if generation == 2),
+        "longest_collection_ms": max((ms for _, ms in pauses), default=0.0),
+    }
 
 
 class WorkerProcess:
@@ -187,8 +248,14 @@ class WorkerProcess:
         store: str | None = None,
         workflow_cache: int | None = None,
         remote_audit: bool = False,
+        hosts_only: bool = False,
+        unsandboxed: bool = False,
     ):
         command = [sys.executable, __file__, "--worker", address]
+        if unsandboxed:
+            command.append("--unsandboxed")
+        if hosts_only:
+            command.append("--host-worker")
         if remote_audit:
             command.append("--remote-audit")
         if store is not None:
@@ -419,8 +486,26 @@ async def parked_now(client: Client) -> int:
     return (await client.count_workflows("DaedalusStatus = 'awaiting_approval'")).count
 
 
-async def parked(client: Client, count: int, decides: int, worker: psutil.Process) -> dict[str, Any]:
-    rss_before = worker.memory_info().rss
+def cpu_s(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def rss(processes: list[psutil.Process]) -> int:
+    return sum(p.memory_info().rss for p in processes)
+
+
+async def parked(
+    client: Client,
+    count: int,
+    decides: int,
+    workers: list[psutil.Process],
+    hosts: psutil.Process,
+    temporal: psutil.Process,
+    store_dir: Path,
+) -> dict[str, Any]:
+    rss_before = rss(workers)
+    filing_from = time.time()
     load_before = load_average()
     specs = [spec(approval=True) for _ in range(count)]
     parked_before = await parked_now(client)  # those an earlier part left undecided
@@ -439,7 +524,8 @@ async def parked(client: Client, count: int, decides: int, worker: psutil.Proces
     parked_s = time.perf_counter() - start
     progress(f"all {count} parked after {parked_s:.1f}s")
     await asyncio.sleep(2)  # let the worker settle
-    rss_parked = worker.memory_info().rss
+    rss_parked = rss(workers)
+    deciding_from = time.time()
     chosen = specs[:: max(1, count // decides)]
     half = len(chosen) // 2
     rtts: list[float] = []
@@ -455,6 +541,11 @@ async def parked(client: Client, count: int, decides: int, worker: psutil.Proces
         await client.get_workflow_handle(ticket_workflow_id(s.id)).result()
     # Then back to back: each approval starts a ticket that competes with the next decision for the 2 cores.
     busy: list[float] = []
+    # Who is busy while the decisions arrive back to back: CPU seconds per wall second (1.0 is one core's worth;
+    # a worker process runs its Python on one core at a time, whatever its threads).
+    processes = {"worker": workers, "hosts": [hosts], "temporal": [temporal], "client": [psutil.Process()]}
+    cpu_before = {name: sum(map(cpu_s, ps)) for name, ps in processes.items()}
+    wall_before = time.perf_counter()
     decided: list[tuple[str, float, float]] = []
     for s in chosen[half:]:
         decision = Decision(request_id=f"{s.id}-dispatch-1", option="approve", decided_by="wayne")
@@ -462,6 +553,11 @@ async def parked(client: Client, count: int, decides: int, worker: psutil.Proces
         await daedalus.decide(client, decision, subject=TicketSubject(ticket_id=s.id))
         busy.append((time.perf_counter() - t0) * 1000)
         decided.append((s.id, sent, time.time()))
+    wall = time.perf_counter() - wall_before
+    deciding_until = time.time()
+    cpu_share = {
+        name: round((sum(map(cpu_s, ps)) - cpu_before[name]) / wall, 2) for name, ps in processes.items()
+    }
     load_after = load_average()
     progress(f"{len(rtts) + len(busy)} decide updates done")
     states = await asyncio.gather(
@@ -487,23 +583,48 @@ async def parked(client: Client, count: int, decides: int, worker: psutil.Proces
         "decide_back_to_back_p99_ms": round(percentile(busy, 0.99), 2),
         **await attribute(client, spaced, "spaced"),
         **await attribute(client, decided, "b2b"),
+        **{f"b2b_cpu_share_{name}": share for name, share in cpu_share.items()},
+        **{f"{k}_parking": v for k, v in gc_pauses(store_dir, filing_from, deciding_from).items()},
+        **{f"{k}_deciding": v for k, v in gc_pauses(store_dir, deciding_from, deciding_until).items()},
         "load_average_before": load_before,
         "load_average_after": load_after,
     }
 
 
 async def parked_part(
-    client: Client, tmp: Path, count: int, args: argparse.Namespace, remote_audit: bool = False
+    client: Client,
+    temporal: psutil.Process,
+    tmp: Path,
+    count: int,
+    args: argparse.Namespace,
+    remote_audit: bool = False,
+    unsandboxed: bool = False,
 ) -> dict[str, Any]:
-    """Part (b) for `count` parked tickets, on a fresh control worker and a fresh audit store."""
+    """Part (b) for `count` parked tickets, on fresh control workers (--control-workers of them, on one task
+    queue: Temporal spreads the tickets over them) and a fresh audit store."""
     t0 = time.perf_counter()
-    name = f"{count}-remote-audit" if remote_audit else str(count)
+    name = f"{count}{'-remote-audit' if remote_audit else ''}{'-unsandboxed' if unsandboxed else ''}"
     store = f"sqlite:///{tmp / f'store-{name}' / 'daedalus.db'}"
-    log = tmp / f"worker-{name}.log"
-    async with WorkerProcess(
-        client.service_client.config.target_host, log, store, args.workflow_cache, remote_audit
-    ) as worker:
-        b = await parked(client, count, args.decides, worker)
+    address = client.service_client.config.target_host
+    async with contextlib.AsyncExitStack() as stack:
+        hosts = await stack.enter_async_context(
+            WorkerProcess(address, tmp / f"hosts-{name}.log", hosts_only=True)
+        )
+        workers = [
+            await stack.enter_async_context(
+                WorkerProcess(
+                    address,
+                    tmp / f"worker-{name}-{n}.log",
+                    store,
+                    args.workflow_cache,
+                    remote_audit,
+                    unsandboxed=unsandboxed,
+                )
+            )
+            for n in range(args.control_workers)
+        ]
+        b = await parked(client, count, args.decides, workers, hosts, temporal, tmp / f"store-{name}")
+    b["control_workers"] = args.control_workers
     b["part_b_s"] = round(time.perf_counter() - t0, 1)
     return b
 
@@ -516,6 +637,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             port=free_port(),
             ui_port=None,
             log_file=tmp / "server.log",
+            die_with_parent=True,  # a benchmark killed half-way leaves no server behind
         )
         result: dict[str, Any] = {"load_average_at_start": load_average()}
         with server:
@@ -524,12 +646,17 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             async with WorkerProcess(server.address, tmp / "worker-a.log"):
                 result.update(await overhead(client, args.tickets, args.rounds))
             result["part_a_s"] = round(time.perf_counter() - t0, 1)
+            assert server.process is not None
+            temporal = psutil.Process(server.process.pid)
             for n, count in enumerate(args.parked):
-                b = await parked_part(client, tmp, count, args)
+                b = await parked_part(client, temporal, tmp, count, args)
                 result.update(b if n == 0 else {f"{k}_{count}": v for k, v in b.items()})
             if args.compare_remote_audit:  # the same part again, on the code before audit writes were local
-                b = await parked_part(client, tmp, args.parked[0], args, remote_audit=True)
+                b = await parked_part(client, temporal, tmp, args.parked[0], args, remote_audit=True)
                 result.update({f"remote_audit_{k}": v for k, v in b.items()})
+            if args.compare_unsandboxed:  # the same part again, workflow code outside Temporal's sandbox
+                b = await parked_part(client, temporal, tmp, args.parked[0], args, unsandboxed=True)
+                result.update({f"unsandboxed_{k}": v for k, v in b.items()})
     return {
         **result,
         "workflow_cache": args.workflow_cache or "temporalio's default (1000)",
@@ -560,18 +687,22 @@ def show(result: dict[str, Any], parked: list[int]) -> None:
     )
     table.add_row("overhead ratio (ticket / bare)", f"{result['overhead_ratio']:.3f}x", "<= 1.3x")
     table.add_row("per-round ratios", " ".join(f"{r:.2f}" for r in result["round_ratios"]), "")
-    parts = [(f"{count} parked", count, n == 0) for n, count in enumerate(parked)]
-    if "remote_audit_parked_tickets" in result:
-        parts.append((f"{parked[0]} parked, audit events as remote activities (before)", parked[0], False))
-    for title, count, plain in parts:
-        if plain:
-            r = result
-        elif title.endswith("(before)"):
-            r = {
-                k.removeprefix("remote_audit_"): v for k, v in result.items() if k.startswith("remote_audit_")
-            }
-        else:
-            r = {k.removesuffix(f"_{count}"): v for k, v in result.items() if k.endswith(f"_{count}")}
+    parts: list[tuple[str, dict[str, Any]]] = [(f"{parked[0]} parked", result)]
+    parts += [
+        (
+            f"{count} parked",
+            {k.removesuffix(f"_{count}"): v for k, v in result.items() if k.endswith(f"_{count}")},
+        )
+        for count in parked[1:]
+    ]
+    for prefix, what in (
+        ("remote_audit_", "audit events as remote activities (before)"),
+        ("unsandboxed_", "workflow code outside the sandbox"),
+    ):
+        if f"{prefix}parked_tickets" in result:
+            again = {k.removeprefix(prefix): v for k, v in result.items() if k.startswith(prefix)}
+            parts.append((f"{parked[0]} parked, {what}", again))
+    for title, r in parts:
         rows = [
             ("filed in / all parked in, s", f"{r['file_s']} / {r['all_parked_s']}", ""),
             (
@@ -607,6 +738,18 @@ def show(result: dict[str, Any], parked: list[int]) -> None:
                 "",
             ),
             ("  workflow tasks after the decide", f"{r['b2b_workflow_tasks_after_decide']}", ""),
+            (
+                f"  CPU share: {r['control_workers']} control worker(s) / host worker / temporal / client",
+                f"{r['b2b_cpu_share_worker']} / {r['b2b_cpu_share_hosts']} / {r['b2b_cpu_share_temporal']}"
+                f" / {r['b2b_cpu_share_client']}",
+                "",
+            ),
+            (
+                "control worker full collections parking / deciding; longest pause deciding, ms",
+                f"{r['full_collections_parking']} / {r['full_collections_deciding']}; "
+                f"{r['longest_collection_ms_deciding']}",
+                "",
+            ),
             ("load average before / after", f"{r['load_average_before']} / {r['load_average_after']}", ""),
         ]
         table.add_section()
@@ -633,7 +776,21 @@ if __name__ == "__main__":
         type=int,
         help="the control worker's workflow cache (default: its setting's default)",
     )
+    parser.add_argument(
+        "--control-workers",
+        type=int,
+        default=1,
+        help="control worker processes in part (b), as `daedalus worker --control` run that many times",
+    )
     parser.add_argument("--worker", metavar="ADDRESS", help=argparse.SUPPRESS)
+    parser.add_argument("--host-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--unsandboxed", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--compare-unsandboxed",
+        action="store_true",
+        help="run the first parked count again with workflow code outside Temporal's sandbox "
+        "(DAEDALUS_TEMPORAL_SANDBOX=false), on the same server: keys unsandboxed_*",
+    )
     parser.add_argument("--store", help=argparse.SUPPRESS)
     parser.add_argument(
         "--remote-audit", action="store_true", help=argparse.SUPPRESS
@@ -647,7 +804,14 @@ if __name__ == "__main__":
     arguments = parser.parse_args()
     if arguments.worker:
         asyncio.run(
-            run_worker(arguments.worker, arguments.store, arguments.workflow_cache, arguments.remote_audit)
+            run_worker(
+                arguments.worker,
+                arguments.store,
+                arguments.workflow_cache,
+                arguments.remote_audit,
+                arguments.host_worker,
+                arguments.unsandboxed,
+            )
         )
         raise SystemExit(0)
     outcome = asyncio.run(main(arguments))

@@ -136,7 +136,9 @@ class Pool:
     @contextmanager
     def running(self) -> Iterator[Pool]:
         (self.tmp / "hosts.yaml").write_text(yaml.safe_dump(registry(self.tmp)))
-        self.server = DevServer(db_file=self.tmp / "temporal.db", port=free_port(), ui_port=None)
+        self.server = DevServer(
+            db_file=self.tmp / "temporal.db", port=free_port(), ui_port=None, die_with_parent=True
+        )
         self.server.start()
         self.env["DAEDALUS_TEMPORAL_ADDRESS"] = self.server.address
         try:

@@ -90,8 +90,10 @@ async def running_workers(
     host: str,
     slack: SlackSettings | None = None,
     agent: AgentSettings | None = None,
+    sandboxed: bool = True,
 ) -> AsyncIterator[None]:
     config = WorkerConfig(
+        sandboxed=sandboxed,
         slack=slack or SlackSettings(),
         agent=agent or AgentSettings(),
         control_queue=control_queue,

@@ -194,3 +194,12 @@ def test_the_control_workers_workflow_cache_is_a_setting(monkeypatch: pytest.Mon
     monkeypatch.setenv("DAEDALUS_TEMPORAL_WORKFLOW_CACHE", "0")
     with pytest.raises(BadSettings, match=r"DAEDALUS_TEMPORAL_WORKFLOW_CACHE: Input should be greater than"):
         Settings.load()
+
+
+def test_temporals_workflow_sandbox_is_on_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert WorkerConfig.from_settings(Settings.load(), hosts=[]).sandboxed
+    monkeypatch.setenv("DAEDALUS_TEMPORAL_SANDBOX", "false")
+    assert not WorkerConfig.from_settings(Settings.load(), hosts=[]).sandboxed
+    monkeypatch.setenv("DAEDALUS_TEMPORAL_SANDBOX", "sometimes")
+    with pytest.raises(BadSettings, match=r"DAEDALUS_TEMPORAL_SANDBOX: Input should be a valid boolean"):
+        Settings.load()

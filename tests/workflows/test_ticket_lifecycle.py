@@ -3,6 +3,7 @@
 import subprocess
 from pathlib import Path
 
+import pytest
 from sqlalchemy import Engine
 from temporalio.client import Client
 
@@ -23,12 +24,16 @@ from tests.support import (
 )
 
 
+@pytest.mark.parametrize("sandboxed", [True, False], ids=["sandboxed", "unsandboxed"])
 async def test_ticket_passes_and_every_transition_is_audited(
-    temporal_client: Client, store_engine: Engine, tmp_path: Path, task_queue: str
+    temporal_client: Client, store_engine: Engine, tmp_path: Path, task_queue: str, sandboxed: bool
 ) -> None:
+    """The same with workflow code outside Temporal's sandbox (DAEDALUS_TEMPORAL_SANDBOX=false)."""
     host = f"h-{task_queue[-8:]}"
     spec = ticket_spec(make_engine_repo(tmp_path / "repo"), host)
-    async with running_workers(temporal_client, store_engine, tmp_path, task_queue, host):
+    async with running_workers(
+        temporal_client, store_engine, tmp_path, task_queue, host, sandboxed=sandboxed
+    ):
         handle = await start_ticket(temporal_client, spec, task_queue)
         state = await handle.result()
     assert state.status is TicketStatus.PASSED, state.outcome_reason

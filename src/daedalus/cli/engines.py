@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from pathlib import Path
 from typing import Annotated
@@ -11,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from daedalus.cli._common import run
 from daedalus.engines import measure as measure_module
 from daedalus.engines.bench import Side, benchmark
 from daedalus.engines.llama_build import BACKENDS, Backend, BuildConfig, build_llama_cpp
@@ -59,7 +59,7 @@ def build(
             def progress(done: int, total: int, _line: str) -> None:
                 bar.update(task, completed=done, total=total)
 
-            result = asyncio.run(build_llama_cpp(source or default_llama_source(), jobs=jobs,
+            result = run(build_llama_cpp(source or default_llama_source(), jobs=jobs,
                                                  on_progress=progress, config=config))  # fmt: skip
     except EngineError as exc:
         console.print(f"[red]error:[/red] {for_terminal(exc)}")
@@ -89,7 +89,7 @@ def bench(
     """Benchmark a preset and print a table; INVALID runs say why."""
     workload = Workload(users=users or [1, 4, 8], rounds=rounds, max_tokens=max_tokens)
 
-    async def run() -> None:
+    async def measure() -> None:
         cand = load_preset(preset)
         base = load_preset(baseline_preset) if baseline_preset else None
         build_ = await ensure_build(config=build_config_for(cand, base))
@@ -123,7 +123,7 @@ def bench(
             console.print(f"[yellow]{for_terminal(reason)}[/yellow]")
 
     try:
-        asyncio.run(run())
+        run(measure())
     except EngineError as exc:
         console.print(f"[red]error:[/red] {for_terminal(exc)}")
         raise typer.Exit(2) from None

@@ -15,9 +15,9 @@ from daedalus.errors import BadSettings, DevServerError
 
 
 async def _serve_forever(settings: Settings, hosts: list[str], control: bool, embedded: bool) -> None:
-    from daedalus.stack import (
-        running_stack,
-    )  # workers pull in every activity's libraries: load them only here
+    # Workers pull in every activity's libraries: load them only here.
+    from daedalus.stack import running_stack
+    from daedalus.worker import settle_heap
 
     # SIGTERM (systemd, docker stop, kill) and SIGHUP stop everything as Ctrl-C does: leaving the block below
     # shuts the workers down and stops the embedded server, which would otherwise outlive us. Installed before
@@ -27,6 +27,7 @@ async def _serve_forever(settings: Settings, hosts: list[str], control: bool, em
     for signum in (signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(signum, stop.set)
     async with running_stack(settings, hosts=hosts, control=control, embedded=embedded) as stack:
+        settle_heap()
         if stack.ui_url:
             console.print(f"Temporal UI: [bold]{stack.ui_url}[/bold]  (Ctrl-C or SIGTERM stops everything)")
         console.print(

@@ -12,10 +12,23 @@ from daedalus.store.tables import AuditEventRow, DecisionRow, TicketRow, Verdict
 
 
 def apply(*, session: Session, record: AuditRecord) -> bool:
-    """Write the record's event, projection, decision and verdicts. False if it was already written."""
+    """Write the record's event, projection, decision and verdicts. False if it was already written.
+
+    Written is the exception (a retried activity), so it is not asked first: the event's unique (run id, seq)
+    refuses the second copy, and that refusal, at the first flush, undoes the whole transaction."""
+    try:
+        _write(session, record)
+        session.flush()
+    except IntegrityError:
+        session.rollback()
+        if _written(session, record.event):
+            return False  # written before, or by a concurrent retry of the same activity that won the race
+        raise
+    return True
+
+
+def _write(session: Session, record: AuditRecord) -> None:
     event = record.event
-    if _written(session, event):
-        return False
     prev_hash = chain.last_hash(session, event.ticket_id)
     fields = event.model_dump()
     session.add(
@@ -39,14 +52,6 @@ def apply(*, session: Session, record: AuditRecord) -> bool:
                 verdict=result.verdict.value,
             )
         )
-    try:
-        session.flush()
-    except IntegrityError:
-        session.rollback()
-        if _written(session, event):
-            return False  # a concurrent retry of the same activity won the race: its write is ours
-        raise
-    return True
 
 
 def _written(session: Session, event: AuditEvent) -> bool:
