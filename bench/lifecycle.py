@@ -2,7 +2,8 @@
 
 (a) N ticket lifecycles (no approval, one attempt, build, one gate) whose activities are fakes that return at
     once, registered under the real names (`run_attempt`, `run_build`, `run_gate`, `record_audit_event`,
-    `notify_decision_request`),
+    `notify_decision_request`, `lessons_for`, `record_lessons`: one missing is retried for seconds, and the ratio
+    measures that wait),
     against a bare workflow running the same number of trivial activities (remote ones on the same queues, local
     ones where the ticket runs local activities): same server, same worker process, batches interleaved. The
     ratio is what TicketWorkflow's own logic costs (goal <= 1.3x).
@@ -63,8 +64,10 @@ sys.path.insert(0, str(ROOT))
 
 from daedalus import services as daedalus  # noqa: E402
 from daedalus.activities.refs import (  # noqa: E402
+    LESSONS_FOR,
     NOTIFY_DECISION_REQUEST,
     RECORD_AUDIT_EVENT,
+    RECORD_LESSONS,
     RUN_ATTEMPT,
     RUN_BUILD,
     RUN_GATE,
@@ -76,6 +79,7 @@ from daedalus.ports import free_port  # noqa: E402
 from daedalus.schemas.agents import AgentResult, ExitReason  # noqa: E402
 from daedalus.schemas.audit import AuditRecord  # noqa: E402
 from daedalus.schemas.gates import GateResult, Verdict  # noqa: E402
+from daedalus.schemas.lessons import LessonBatch, LessonQuery  # noqa: E402
 from daedalus.schemas.notify import NotifyOutcome, NotifyResult  # noqa: E402
 from daedalus.schemas.steps import AttemptInput, BuildInput, BuildResult, GateInput  # noqa: E402
 from daedalus.schemas.ticket import Decision, DecisionRequest, TicketSpec, TicketStatus  # noqa: E402
@@ -139,6 +143,16 @@ async def fake_audit(record: AuditRecord) -> bool:
     return True
 
 
+@activity.defn(name=LESSONS_FOR.name)
+async def fake_lessons_for(query: LessonQuery) -> list[str]:
+    return []
+
+
+@activity.defn(name=RECORD_LESSONS.name)
+async def fake_record_lessons(batch: LessonBatch) -> int:
+    return len(batch.lessons)
+
+
 @activity.defn(name=NOTIFY_DECISION_REQUEST.name)
 async def fake_notify(request: DecisionRequest) -> NotifyResult:
     return NotifyResult(outcome=NotifyOutcome.NOT_CONFIGURED)
@@ -180,7 +194,7 @@ async def run_worker(
             client,
             task_queue=CONTROL,
             workflows=[TicketWorkflow, BareWorkflow],
-            activities=[fake_audit, fake_notify, noop],
+            activities=[fake_audit, fake_notify, fake_lessons_for, fake_record_lessons, noop],
             max_concurrent_activities=50,
         )
     else:
