@@ -104,8 +104,8 @@ class TemporalSettings(BaseModel):
     sandbox: bool = Field(
         default=True,
         description="run workflow code in Temporal's sandbox, which refuses non-deterministic calls as they "
-        "happen; off, the control worker spends about a third less CPU per workflow task and half the memory "
-        "per cached workflow, and only replay tests catch such a call",
+        "happen; off, the control worker runs a workflow task in about a third less time and keeps half the "
+        "memory per cached workflow, and only replay tests catch such a call",
     )
     sqlite_synchronous: SqliteSynchronous = Field(
         default="normal",

@@ -60,7 +60,7 @@ def build(
                 bar.update(task, completed=done, total=total)
 
             result = run(build_llama_cpp(source or default_llama_source(), jobs=jobs,
-                                                 on_progress=progress, config=config))  # fmt: skip
+                                         on_progress=progress, config=config))  # fmt: skip
     except EngineError as exc:
         console.print(f"[red]error:[/red] {for_terminal(exc)}")
         raise typer.Exit(2) from None
