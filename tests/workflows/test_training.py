@@ -14,7 +14,6 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from itertools import pairwise
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -68,6 +67,7 @@ from daedalus.store.tables import AuditEventRow, DecisionRow, TicketRow
 from daedalus.worker import WorkerConfig, control_worker
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
+from tests.replay_split import replay_split_too, split_tasks_after_local_activities
 from tests.slack.fake_slack import FakeSlack, running_fake_slack
 from tests.slack.test_notify import settings_for
 from tests.support import status_is, wait_for
@@ -182,72 +182,15 @@ async def replay(
     handle: WorkflowHandle[TrainingRunWorkflow, TrainingRunStatus],
     record_as: str | None,
     *,
-    split_after_local_activities: bool = False,
+    split: bool = True,
 ) -> None:
-    """Replay the run's history with the current code; with `split_after_local_activities`, also as a query
-    answered while a local activity's result was pending could have split its tasks."""
+    """Replay the run's history with the current code and, with `split`, also as a query answered while a local
+    activity's result was pending could have split its tasks (tests/replay_split.py)."""
     history = await handle.fetch_history()
     replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
-    await replayer.replay_workflow(history)
-    if split_after_local_activities:
-        await replayer.replay_workflow(split_tasks_after_local_activities(history))
+    await (replay_split_too(replayer, history) if split else replayer.replay_workflow(history))
     if record_as and os.environ.get("DAEDALUS_RECORD_HISTORIES"):
         (HISTORIES / record_as).write_text(history.to_json())
-
-
-LOCAL_ACTIVITY_MARKER = "core_local_activity"
-WORKFLOW_TASK_EVENTS = ("SCHEDULED", "STARTED", "COMPLETED")
-
-
-def split_tasks_after_local_activities(history: WorkflowHistory) -> WorkflowHistory:
-    """`history` as core writes it when a query is answered while a local activity's result waits for the
-    workflow: the task completes with the activity's marker and the commands that the result leads to follow in
-    the next task. Each local-activity marker followed by more commands gets an empty workflow task after it."""
-    events: list[dict[str, Any]] = json.loads(history.to_json())["events"]
-    first_task = next(e for e in events if e["eventType"] == "EVENT_TYPE_WORKFLOW_TASK_SCHEDULED")
-    splits = [
-        int(event["eventId"])
-        for event, following in pairwise(events)
-        if event.get("markerRecordedEventAttributes", {}).get("markerName") == LOCAL_ACTIVITY_MARKER
-        and "WORKFLOW_TASK" not in following["eventType"]
-    ]
-
-    def new_id(old: int) -> int:
-        return old + len(WORKFLOW_TASK_EVENTS) * sum(1 for at in splits if at < old)
-
-    def renumbered(node: Any) -> Any:
-        if isinstance(node, dict):
-            return {
-                k: str(new_id(int(v))) if k == "eventId" or k.endswith("EventId") else renumbered(v)
-                for k, v in node.items()
-            }
-        return [renumbered(v) for v in node] if isinstance(node, list) else node
-
-    split: list[dict[str, Any]] = []
-    for event in events:
-        split.append(renumbered(event))
-        if int(event["eventId"]) not in splits:
-            continue
-        first = new_id(int(event["eventId"])) + 1
-        attributes = {
-            "SCHEDULED": {
-                "taskQueue": first_task["workflowTaskScheduledEventAttributes"]["taskQueue"],
-                "startToCloseTimeout": "10s",
-                "attempt": 1,
-            },
-            "STARTED": {"scheduledEventId": str(first)},
-            "COMPLETED": {"scheduledEventId": str(first), "startedEventId": str(first + 1)},
-        }
-        for n, kind in enumerate(WORKFLOW_TASK_EVENTS):
-            split.append(
-                {
-                    "eventId": str(first + n),
-                    "eventTime": event["eventTime"],
-                    "eventType": f"EVENT_TYPE_WORKFLOW_TASK_{kind}",
-                    f"workflowTask{kind.title()}EventAttributes": attributes[kind],
-                }
-            )
-    return WorkflowHistory.from_json(history.workflow_id, {"events": split})
 
 
 def audit_trail(engine: Engine, spec: TrainingRunSpec) -> list[AuditEventRow]:
@@ -540,10 +483,11 @@ def activity_types(history: dict[str, Any]) -> set[str]:
 @pytest.mark.parametrize("name", STORED)
 async def test_stored_histories_replay(name: str) -> None:
     history = json.loads((HISTORIES / name).read_text())
-    result = await Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter).replay_workflow(
-        WorkflowHistory.from_json(f"training-{name}", history), raise_on_replay_failure=False
-    )
-    assert result.replay_failure is None, f"{name}: {result.replay_failure}"
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    stored = WorkflowHistory.from_json(f"training-{name}", history)
+    for replayed in (stored, split_tasks_after_local_activities(stored)):
+        result = await replayer.replay_workflow(replayed, raise_on_replay_failure=False)
+        assert result.replay_failure is None, f"{name}: {result.replay_failure}"
     kinds = activity_types(history)
     assert ("record_audit_event" in kinds) == ("-v1-" not in name)
     # Only the desk's escalation posts to Slack; the older ones replay without the notifications.
