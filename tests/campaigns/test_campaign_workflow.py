@@ -37,6 +37,7 @@ from daedalus.store.database import session_scope
 from daedalus.store.tables import CampaignRow
 from daedalus.workflows.campaign import CampaignWorkflow
 from tests.hosts.keeper_support import running_keeper
+from tests.replay_split import replay_split_too
 from tests.support import running_workers
 from tests.ticket_helpers import events
 
@@ -47,8 +48,8 @@ HISTORIES = Path(__file__).resolve().parents[1] / "histories"
 @pytest.mark.parametrize("name", ["campaign-adopted.json"])
 async def test_stored_campaign_history_replays(name: str) -> None:
     history = WorkflowHistory.from_json("campaign", (HISTORIES / name).read_text())
-    await Replayer(workflows=[CampaignWorkflow], data_converter=pydantic_data_converter).replay_workflow(
-        history
+    await replay_split_too(
+        Replayer(workflows=[CampaignWorkflow], data_converter=pydantic_data_converter), history
     )
 
 
@@ -147,8 +148,8 @@ async def test_campaign_sweeps_records_a_crash_and_proposes_a_preset(
         history = await handle.fetch_history()
     assert final.status == "adopted"
     # the fresh history replays, and is kept (with DAEDALUS_RECORD_HISTORIES=1) for the stored-history test
-    await Replayer(workflows=[CampaignWorkflow], data_converter=pydantic_data_converter).replay_workflow(
-        history
+    await replay_split_too(
+        Replayer(workflows=[CampaignWorkflow], data_converter=pydantic_data_converter), history
     )
     if os.environ.get("DAEDALUS_RECORD_HISTORIES"):
         (HISTORIES / "campaign-adopted.json").write_text(history.to_json())
@@ -233,8 +234,8 @@ async def test_cells_run_under_a_lease_on_the_hosts_gpus_and_the_proposal_goes_t
     assert [e.seq for e in sorted(trail, key=lambda e: e.seq)] == list(range(1, len(trail) + 1))
     assert kinds[:2] == [AuditKind.FILED, AuditKind.DECISION_REQUESTED] and kinds[-1] == AuditKind.DECIDED
     assert AuditKind.DECISION_REMINDER in kinds
-    await Replayer(workflows=[CampaignWorkflow], data_converter=pydantic_data_converter).replay_workflow(
-        history
+    await replay_split_too(
+        Replayer(workflows=[CampaignWorkflow], data_converter=pydantic_data_converter), history
     )
 
 

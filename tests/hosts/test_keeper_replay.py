@@ -20,6 +20,7 @@ from daedalus.workflows.lease_keeper import LeaseKeeperWorkflow
 from tests.hosts.keeper_support import running_keeper
 from tests.hosts.test_constraints import CAP, launch
 from tests.hosts.test_tenants import render_queue, tenant_started, wait_running
+from tests.replay_split import replay_split_too
 
 HISTORIES = Path(__file__).parent / "histories"
 STORED = HISTORIES / "lease-keeper.json"
@@ -31,7 +32,7 @@ def replayer() -> Replayer:
 
 async def test_stored_history_replays() -> None:
     history = WorkflowHistory.from_json("lease-keeper-stored", STORED.read_text())
-    await replayer().replay_workflow(history)
+    await replay_split_too(replayer(), history)
 
 
 async def test_record_a_keepers_life(temporal_client: Client, tmp_path: Path) -> None:
@@ -65,7 +66,7 @@ async def test_record_a_keepers_life(temporal_client: Client, tmp_path: Path) ->
             await holder.release(temporal_client, host, granted.lease_id)
             handle = temporal_client.get_workflow_handle(f"lease-keeper-{host}")
             history = await handle.fetch_history()
-    await replayer().replay_workflow(history)
+    await replay_split_too(replayer(), history)
     if os.environ.get("DAEDALUS_RECORD_HISTORIES"):
         HISTORIES.mkdir(exist_ok=True)
         STORED.write_text(history.to_json())

@@ -1,6 +1,7 @@
 """A training run on a host with GPUs holds a lease on all of them, on the real dev server with a real trainer:
 its trainer sees only the leased GPUs, a gate waits behind it, the lease survives the run's continue-as-new (no
-gap in which the gate could start under the trainer), and the gate gets the GPUs once the run is stopped."""
+gap in which the gate could start under the trainer), and the gate gets the GPUs once the run is stopped. The first
+and last runs' histories replay."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from daedalus.hosts.registry import GpuSpec, HostSpec, Registry
 from daedalus.schemas.training import RunState, StopTraining
 from daedalus.services import training
 from daedalus.workflows.training import TrainingRunWorkflow
-from tests.workflows.test_training import make_spec, trainers, until, within, workers
+from tests.workflows.test_training import make_spec, replay, trainers, until, within, workers
 
 
 async def test_a_training_run_holds_its_hosts_gpus_across_continue_as_new_until_it_ends(
@@ -51,3 +52,13 @@ async def test_a_training_run_holds_its_hosts_gpus_across_continue_as_new_until_
     assert final.state is RunState.STOPPED and not trainers(spec)
     assert granted.status is LeaseStatus.GRANTED and granted.gpus == [0]
     assert state.counters.released == 1 and state.counters.expired == 0
+    # The lease patch is asked after the host report (an activity on the host), and first thing in a continued
+    # run: both runs replay. The last also split after its local activities; not the first, which continued as new
+    # when its history grew long, and the split's extra events would make it continue sooner than it did.
+    first = temporal_client.get_workflow_handle_for(
+        TrainingRunWorkflow.run, spec.workflow_id, run_id=handle.first_execution_run_id
+    )
+    await replay(first, record_as=None, split=False)
+    await replay(
+        temporal_client.get_workflow_handle_for(TrainingRunWorkflow.run, spec.workflow_id), record_as=None
+    )

@@ -18,6 +18,7 @@ from daedalus.store import lessons as lesson_store
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 from daedalus.workflows.ticket import TicketWorkflow
+from tests.replay_split import replay_split_too
 from tests.support import SLOW_PATCH, make_engine_repo, running_workers, start_ticket, ticket_spec, wait_for
 from tests.ticket_helpers import host_of
 from tests.workflows.test_ticket_replay import replayer
@@ -63,7 +64,7 @@ async def test_a_ticket_records_its_trap_note_and_outcome_and_the_retry_reads_th
         )
         final = await handle.result()
     assert final.status is TicketStatus.FAILED
-    await replayer().replay_workflow(await handle.fetch_history())  # the lessons' commands replay
+    await replay_split_too(replayer(), await handle.fetch_history())  # the lessons' commands replay
 
     prompts = tmp_path / "artifacts" / "tickets" / spec.id
     first, second = ((prompts / f"attempt-{n}" / "prompt.md").read_text() for n in (1, 2))

@@ -24,6 +24,7 @@ from daedalus.slack.settings import SlackSettings
 from daedalus.store.tables import DecisionRow
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
+from tests.replay_split import replay_split_too
 from tests.support import gate_command, make_engine_repo, running_workers, ticket_spec
 from tests.ticket_helpers import events, host_of, kinds, pending
 from tests.workflows.test_ticket_replay import replayer
@@ -82,7 +83,7 @@ async def test_a_gate_only_ticket_waits_for_a_dispatch_unless_its_filer_operates
         )
         assert (await within(handle.result())).status is TicketStatus.PASSED
     # The rule travels in the input: the new history replays deterministically.
-    await replayer().replay_workflow(await handle.fetch_history())
+    await replay_split_too(replayer(), await handle.fetch_history())
     filed = events(sqlite_engine, waiting.id)[0]
     assert (
         filed.detail["dispatch"]
@@ -194,6 +195,8 @@ async def test_a_training_run_waits_for_a_dispatch_unless_its_starter_operates_t
         assert (await handle.query(TrainingRunWorkflow.status)).state is RunState.RUNNING
         await daedalus.stop_run(temporal_client, spec.name, StopTraining(requested_by="bob"), policy=policy)
         assert (await within(handle.result())).state is RunState.STOPPED
+        # The dispatch request's notification follows its audit write (a local activity): a status query answered
+        # while that write's result was pending puts them in two workflow tasks, which must replay too.
         await replay(handle, record_as=None)
         # The host's operator starts the same run again: no decision, it runs at once.
         again = await daedalus.start_run(

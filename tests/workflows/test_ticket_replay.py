@@ -9,10 +9,17 @@ workflow change is meant to be incompatible (and then patch the workflow for the
 The stored histories were recorded when every audit event was a remote `record_audit_event` activity, except
 ticket-passed-local-audit.json (the passed case since they are local activities, patch `audit-local-activity`):
 tickets of both shapes are live somewhere, and both must replay.
+
+The ticket-lazy-patches-*.json histories were recorded (with local audit writes) before `ticket-patches-at-start`:
+they ask `waiting-for-delegates`, `children-build-on-predecessor`, `gates-hold-gpu-leases` and `ticket-lessons`
+lazily, right after an audit write, as such tickets still live do. They replay as recorded; split after their
+local activities they fail by design (tests/replay_split.py: the very problem the new patch avoids), so they are
+not replayed split. Every other history is replayed split too.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import uuid
@@ -37,13 +44,20 @@ from daedalus.schemas.ticket import (
     TicketSpec,
     TicketStatus,
 )
-from daedalus.workflows.ticket import TicketWorkflow
+from daedalus.workflows.ticket import (
+    CHILDREN_BUILD_ON_PREDECESSOR,
+    PATCHES_AT_START,
+    WAITING_FOR_DELEGATES,
+    TicketWorkflow,
+)
+from daedalus.workflows.ticket_steps import GATES_HOLD_LEASES
+from tests.replay_split import local_activity_markers, replay_split_too
 from tests.support import failing_spec, make_engine_repo, running_workers, ticket_spec
 from tests.ticket_helpers import HISTORIES, host_of, pending
 
 STORED = sorted(HISTORIES.glob("ticket-*.json"))
 LOCAL_AUDIT = "ticket-passed-local-audit.json"
-LOCAL_ACTIVITY_MARKER = "core_local_activity"
+LAZY_PATCHES = "ticket-lazy-patches-"
 CASES = {"passed", "escalated-stopped", "umbrella", "umbrella-chained", "cancelled", "continued"}
 
 
@@ -53,7 +67,7 @@ def replayer() -> Replayer:
 
 async def replay_and_keep(handle: WorkflowHandle[Any, Any], case: str) -> None:
     history = await handle.fetch_history()
-    await replayer().replay_workflow(history)
+    await replay_split_too(replayer(), history)
     if os.environ.get("DAEDALUS_RECORD_HISTORIES"):
         (HISTORIES / f"ticket-{case}.json").write_text(history.to_json())
 
@@ -67,13 +81,7 @@ def audit_writes(history: WorkflowHistory) -> tuple[int, int]:
         if e.HasField("activity_task_scheduled_event_attributes")
         and e.activity_task_scheduled_event_attributes.activity_type.name == "record_audit_event"
     )
-    local = sum(
-        1
-        for e in history.events
-        if e.HasField("marker_recorded_event_attributes")
-        and e.marker_recorded_event_attributes.marker_name == LOCAL_ACTIVITY_MARKER
-    )
-    return remote, local
+    return remote, local_activity_markers(history)
 
 
 def test_every_case_has_a_stored_history() -> None:
@@ -83,7 +91,7 @@ def test_every_case_has_a_stored_history() -> None:
 @pytest.mark.parametrize("path", STORED, ids=[p.stem for p in STORED])
 def test_stored_histories_hold_both_ways_of_writing_audit_events(path: Path) -> None:
     remote, local = audit_writes(WorkflowHistory.from_json(path.stem, path.read_text()))
-    if path.name == LOCAL_AUDIT:
+    if path.name == LOCAL_AUDIT or path.name.startswith(LAZY_PATCHES):
         assert remote == 0 and local > 0, (remote, local)
     else:
         assert remote > 0 and local == 0, (remote, local)
@@ -92,8 +100,30 @@ def test_stored_histories_hold_both_ways_of_writing_audit_events(path: Path) -> 
 @pytest.mark.parametrize("path", STORED, ids=[p.stem for p in STORED])
 async def test_stored_history_replays(path: Path) -> None:
     history = WorkflowHistory.from_json(f"replay-{path.stem}", path.read_text())
-    result = await replayer().replay_workflow(history)
+    if path.name.startswith(LAZY_PATCHES):
+        result = await replayer().replay_workflow(history)
+    else:
+        result = await replay_split_too(replayer(), history)
     assert result.replay_failure is None
+
+
+@pytest.mark.parametrize("path", sorted(HISTORIES.glob(f"{LAZY_PATCHES}*.json")), ids=lambda p: p.stem)
+def test_lazy_patch_histories_ask_the_old_patches_and_not_the_new_one(path: Path) -> None:
+    """What the histories guard: runs started before `ticket-patches-at-start` ask the old patches lazily."""
+    history = WorkflowHistory.from_json(path.stem, path.read_text())
+    asked = patches(history)
+    assert PATCHES_AT_START not in asked, asked
+    assert asked & {WAITING_FOR_DELEGATES, CHILDREN_BUILD_ON_PREDECESSOR, GATES_HOLD_LEASES}, asked
+
+
+def patches(history: WorkflowHistory) -> set[str]:
+    """The ids of the patches a history's run asked (and found on)."""
+    return {
+        json.loads(e.marker_recorded_event_attributes.details["patch-data"].payloads[0].data)["id"]
+        for e in history.events
+        if e.HasField("marker_recorded_event_attributes")
+        and e.marker_recorded_event_attributes.marker_name == "core_patch"
+    }
 
 
 @workflow.defn(name="TicketWorkflow", sandboxed=False)

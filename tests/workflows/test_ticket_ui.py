@@ -23,6 +23,7 @@ from daedalus.schemas import search_attributes as sa
 from daedalus.schemas.ticket import CancelRequest, Decision, DecisionKind, Delegation, TicketStatus
 from daedalus.schemas.ui import start_summary
 from daedalus.services.training import start_run
+from tests.replay_split import replay_split_too
 from tests.support import make_engine_repo, running_workers, ticket_spec
 from tests.ticket_helpers import host_of, pending
 from tests.workflows.test_ticket_replay import replayer
@@ -105,7 +106,7 @@ async def test_saved_views_find_who_a_ticket_waits_for_and_how_it_ended(
 
     # The timeline names each step: the agent's attempt, the build, and the gate with its rule and round.
     history = await first.fetch_history()
-    await replayer().replay_workflow(history)
+    await replay_split_too(replayer(), history)
     summaries = []
     for event in history.events:
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED and event.HasField(
@@ -142,7 +143,7 @@ async def test_a_run_time_delegate_shows_in_the_waiting_for_view(
             temporal_client, spec.id, CancelRequest(requested_by="lead", reason="test over")
         )
         assert (await handle.result()).status is TicketStatus.CANCELLED
-    await replayer().replay_workflow(await handle.fetch_history())
+    await replay_split_too(replayer(), await handle.fetch_history())
 
 
 async def test_training_runs_and_campaigns_start_with_their_host_and_a_summary(

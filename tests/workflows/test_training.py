@@ -67,6 +67,7 @@ from daedalus.store.tables import AuditEventRow, DecisionRow, TicketRow
 from daedalus.worker import WorkerConfig, control_worker
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
+from tests.replay_split import replay_split_too, split_tasks_after_local_activities
 from tests.slack.fake_slack import FakeSlack, running_fake_slack
 from tests.slack.test_notify import settings_for
 from tests.support import status_is, wait_for
@@ -178,10 +179,16 @@ async def expect_rejected(call: Awaitable[object], fragment: str) -> None:
 
 
 async def replay(
-    handle: WorkflowHandle[TrainingRunWorkflow, TrainingRunStatus], record_as: str | None
+    handle: WorkflowHandle[TrainingRunWorkflow, TrainingRunStatus],
+    record_as: str | None,
+    *,
+    split: bool = True,
 ) -> None:
+    """Replay the run's history with the current code and, with `split`, also as a query answered while a local
+    activity's result was pending could have split its tasks (tests/replay_split.py)."""
     history = await handle.fetch_history()
-    await Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter).replay_workflow(history)
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    await (replay_split_too(replayer, history) if split else replayer.replay_workflow(history))
     if record_as and os.environ.get("DAEDALUS_RECORD_HISTORIES"):
         (HISTORIES / record_as).write_text(history.to_json())
 
@@ -476,10 +483,11 @@ def activity_types(history: dict[str, Any]) -> set[str]:
 @pytest.mark.parametrize("name", STORED)
 async def test_stored_histories_replay(name: str) -> None:
     history = json.loads((HISTORIES / name).read_text())
-    result = await Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter).replay_workflow(
-        WorkflowHistory.from_json(f"training-{name}", history), raise_on_replay_failure=False
-    )
-    assert result.replay_failure is None, f"{name}: {result.replay_failure}"
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    stored = WorkflowHistory.from_json(f"training-{name}", history)
+    for replayed in (stored, split_tasks_after_local_activities(stored)):
+        result = await replayer.replay_workflow(replayed, raise_on_replay_failure=False)
+        assert result.replay_failure is None, f"{name}: {result.replay_failure}"
     kinds = activity_types(history)
     assert ("record_audit_event" in kinds) == ("-v1-" not in name)
     # Only the desk's escalation posts to Slack; the older ones replay without the notifications.

@@ -45,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from daedalus.schemas.ui import start_details, start_summary
     from daedalus.workflows import ticket_rules as rules
+    from daedalus.workflows.patches import PatchesAtStart
     from daedalus.workflows.steps import Interrupted, Steps, history_is_long
     from daedalus.workflows.ticket_lessons import TicketLessons
     from daedalus.workflows.ticket_steps import HostProblem, TicketSteps
@@ -53,6 +54,13 @@ with workflow.unsafe.imports_passed_through():
 
 CHILDREN_BUILD_ON_PREDECESSOR = "children-build-on-predecessor"
 """Patch: a sub-ticket starts from its predecessor's accepted commit (histories before it started from base)."""
+WAITING_FOR_DELEGATES = "waiting-for-delegates"
+"""Patch: a delegation names the delegate in a pending request's `DaedalusWaitingFor` (an upsert)."""
+PATCHES_AT_START = "ticket-patches-at-start"
+"""Patch: the ticket's patches are on, decided in the run's first activation (patches.py). Each was asked first
+right after an audit write (a local activity), which fails replay when a query split their workflow tasks:
+`waiting-for-delegates`, `children-build-on-predecessor`, `host-problems-ask-the-decider`,
+`gates-hold-gpu-leases`, `ticket-lessons`. Runs started before it ask them lazily, where they always did."""
 
 
 @workflow.defn(name="TicketWorkflow")
@@ -81,8 +89,9 @@ class TicketWorkflow:
         self.cancel_request: CancelRequest | None = None
         self.steps = Steps(lambda: self.cancel_request is not None)
         self.ui = TicketUi()
-        self.lessons = TicketLessons()
-        self.work = TicketSteps(self.steps, self.trail, self.ui, self.lessons, ticket.hosts)
+        self.patches = PatchesAtStart(PATCHES_AT_START)
+        self.lessons = TicketLessons(self.patches)
+        self.work = TicketSteps(self.steps, self.trail, self.ui, self.lessons, ticket.hosts, self.patches)
         self.trail.begin()
 
     # ---- queries and updates -------------------------------------------------------------------------
@@ -111,7 +120,7 @@ class TicketWorkflow:
         kind names the delegate in `DaedalusWaitingFor` too (an upsert: a command older histories lack)."""
         people = await self.desk.delegate(delegation)
         pending = self.desk.pending
-        if pending is not None and workflow.patched("waiting-for-delegates"):
+        if pending is not None and self.patches.patched(WAITING_FOR_DELEGATES):
             self.ui.show(self.spec, self.s.status, pending.question, waiting_for=pending.allowed)
         return people
 
@@ -170,6 +179,7 @@ class TicketWorkflow:
 
     @workflow.run
     async def run(self, ticket: TicketInput) -> TicketState:
+        self.patches.decide()
         self.ui.identity(self.spec)
         if ticket.carry is None:
             filed = f"filed by {ticket.filed_by}: {self.spec.title}"
@@ -215,7 +225,7 @@ class TicketWorkflow:
             if self.s.children.get(child.id, TicketStatus.DRAFT).is_closed:
                 continue  # closed before this ticket continued as new
             self.steps.raise_if_interrupted()
-            if workflow.patched(CHILDREN_BUILD_ON_PREDECESSOR):
+            if self.patches.patched(CHILDREN_BUILD_ON_PREDECESSOR):
                 child = rules.builds_on(child, self.s.accepted_commit)
             self._set(children={**self.s.children, child.id: TicketStatus.DRAFT})
             await self.trail.record(AuditKind.CHILD, f"sub-ticket {child.id} started: {child.title}")

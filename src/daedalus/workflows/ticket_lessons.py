@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
         trap_lessons,
     )
     from daedalus.schemas.ticket import AttemptSummary, TicketSpec, TicketStatus
+    from daedalus.workflows.patches import PatchesAtStart
 
 LESSONS_PATCH = "ticket-lessons"
 LESSONS_TIMEOUT = timedelta(seconds=30)
@@ -40,8 +41,11 @@ def _engine(spec: TicketSpec) -> str | None:
 
 
 class TicketLessons:
+    def __init__(self, patches: PatchesAtStart) -> None:
+        self.patches = patches
+
     def _on(self) -> bool:
-        return workflow.patched(LESSONS_PATCH)
+        return self.patches.patched(LESSONS_PATCH)
 
     async def for_prompt(self, spec: TicketSpec) -> list[str]:
         """The lessons recorded for the ticket's engine and host, for the next attempt's prompt."""

@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
     from daedalus.schemas.ui import gate_activity_summary
     from daedalus.workflows import ticket_rules as rules
     from daedalus.workflows.lease_helpers import holding_lease
+    from daedalus.workflows.patches import PatchesAtStart
     from daedalus.workflows.steps import StepFailed, StepFailure, Steps
     from daedalus.workflows.ticket_lessons import TicketLessons
     from daedalus.workflows.ticket_ui import TicketUi
@@ -58,12 +59,14 @@ class TicketSteps:
         ui: TicketUi,
         lessons: TicketLessons,
         hosts: dict[str, HostFacts],
+        patches: PatchesAtStart,
     ) -> None:
         self.steps = steps
         self.trail = trail
         self.ui = ui
         self.lessons = lessons
         self.hosts = hosts
+        self.patches = patches
 
     def _schedule_to_start(self, host: str) -> timedelta | None:
         """The host's schedule-to-start limit; None for a ticket filed without the registry's facts."""
@@ -73,7 +76,7 @@ class TicketSteps:
     def _raise_if_the_hosts(self, spec: TicketSpec, step: str, failed: StepFailed) -> None:
         """Raise HostProblem when the host, not the work, failed the step (histories before the rule go on as
         they did)."""
-        if not failed.is_the_hosts or not workflow.patched(HOST_PROBLEMS_ASK):
+        if not failed.is_the_hosts or not self.patches.patched(HOST_PROBLEMS_ASK):
             return
         host = spec.host
         if failed.kind is StepFailure.UNSERVED:
@@ -199,7 +202,7 @@ class TicketSteps:
         summary = gate_activity_summary(
             step.gate.name, step.gate.describe(), attempt=step.attempt, round=step.round
         )
-        if facts is None or facts.gpus == 0 or not workflow.patched(GATES_HOLD_LEASES):
+        if facts is None or facts.gpus == 0 or not self.patches.patched(GATES_HOLD_LEASES):
             return await self.steps.on_host(
                 RUN_GATE,
                 step,

@@ -68,7 +68,15 @@ AUDIT_PATCH = "training-audit-events"
 """Histories recorded before runs wrote audit events replay without them (tests/histories/training-v1-*)."""
 DESK_PATCH = "training-decision-desk"
 """Escalations posted to Slack and reminded, as a ticket's are; histories recorded before (training-escalation,
-training-reattach) replay without the notifications and reminders."""
+training-reattach) replay without the notifications and reminders. Asked lazily, at the first notification, by
+runs started before `DESK_AT_START_PATCH`; never asked by runs started after it."""
+DESK_AT_START_PATCH = "training-decision-desk-at-start"
+"""The desk is on, decided in the run's first activation. `DESK_PATCH` was asked first by `_notify`, right after
+the request's audit write (a local activity) resolved. A query answered while that result was pending makes core
+complete the workflow task and force a new one, so the activity's marker and the patch marker can land in two
+tasks; on replay the result is delivered in the first, before core announces the patch it finds in the second,
+`patched` says False and the replay fails on the marker (tests/workflows/test_policy_dispatch.py replays a
+history split that way)."""
 HUNTING_TICKET_WORKFLOW = "TicketWorkflow"
 """By name, not by `TicketWorkflow.run`: the run never reads the hunt's result, and a typed start would decode
 it (stored histories hold hunts whose test stand-in returned something else)."""
@@ -118,6 +126,8 @@ class TrainingRunWorkflow:
             requests_made=c.escalations,
             delegates={k: list(v) for k, v in self.spec.approval.delegates.items()},
         )
+        self._desk_on: bool | None = None
+        """Whether the desk notifies and reminds: decided at the start of `run` (`_notifies`)."""
         self.trail = AuditTrail(
             self.spec.workflow_id,
             status=lambda: self.c.state.value,
@@ -131,7 +141,7 @@ class TrainingRunWorkflow:
             self.trail,
             desk,
             deciders=lambda: self.spec.approval.deciders,
-            notify=lambda: workflow.patched(DESK_PATCH),
+            notify=self._notifies,
         )
         self.steps = Steps(lambda: False)
         self.gpus = inp.gpus
@@ -209,6 +219,8 @@ class TrainingRunWorkflow:
 
     @workflow.run
     async def run(self, inp: TrainingRunInput) -> TrainingRunStatus:
+        if workflow.patched(DESK_AT_START_PATCH):
+            self._desk_on = True
         if inp.dispatch is not None and inp.dispatch.required and not await self._dispatched(inp.dispatch):
             await self.trail.record(AuditKind.CLOSED, self._ending(), actor=self._ended_by())
             return self.status()
@@ -323,6 +335,13 @@ class TrainingRunWorkflow:
 
     def _set(self, **changes: object) -> None:
         self.c = self.c.model_copy(update=changes)
+
+    def _notifies(self) -> bool:
+        """Whether requests are posted and reminded. A run started before `DESK_AT_START_PATCH` asks `DESK_PATCH`
+        where it always did, at its first notification (its history has that marker there, or none)."""
+        if self._desk_on is None:
+            self._desk_on = workflow.patched(DESK_PATCH)
+        return self._desk_on
 
     # ---- audit ---------------------------------------------------------------------------------------
 
@@ -572,7 +591,7 @@ class TrainingRunWorkflow:
         )
 
     async def _await_decision(self) -> None:
-        reminders = workflow.patched(DESK_PATCH)
+        reminders = self._notifies()
         waiting = Waiting(
             reminder=timedelta(seconds=self.spec.approval.reminder_interval_s) if reminders else None,
             interrupted=lambda: self.c.stop is not None,
