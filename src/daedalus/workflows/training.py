@@ -60,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from daedalus.schemas.ui import start_details, start_summary
     from daedalus.workflows.lease_helpers import holding_lease
+    from daedalus.workflows.patches import PatchesAtStart
     from daedalus.workflows.steps import StepFailed, Steps, history_is_long
     from daedalus.workflows.ticket_rules import tree_commands
     from daedalus.workflows.trail import AuditTrail
@@ -71,12 +72,8 @@ DESK_PATCH = "training-decision-desk"
 training-reattach) replay without the notifications and reminders. Asked lazily, at the first notification, by
 runs started before `DESK_AT_START_PATCH`; never asked by runs started after it."""
 DESK_AT_START_PATCH = "training-decision-desk-at-start"
-"""The desk is on, decided in the run's first activation. `DESK_PATCH` was asked first by `_notify`, right after
-the request's audit write (a local activity) resolved. A query answered while that result was pending makes core
-complete the workflow task and force a new one, so the activity's marker and the patch marker can land in two
-tasks; on replay the result is delivered in the first, before core announces the patch it finds in the second,
-`patched` says False and the replay fails on the marker (tests/workflows/test_policy_dispatch.py replays a
-history split that way)."""
+"""The desk is on, decided in the run's first activation (workflows/patches.py says why: `DESK_PATCH` was asked
+first right after an audit write, a local activity)."""
 HUNTING_TICKET_WORKFLOW = "TicketWorkflow"
 """By name, not by `TicketWorkflow.run`: the run never reads the hunt's result, and a typed start would decode
 it (stored histories hold hunts whose test stand-in returned something else)."""
@@ -126,8 +123,7 @@ class TrainingRunWorkflow:
             requests_made=c.escalations,
             delegates={k: list(v) for k, v in self.spec.approval.delegates.items()},
         )
-        self._desk_on: bool | None = None
-        """Whether the desk notifies and reminds: decided at the start of `run` (`_notifies`)."""
+        self.patches = PatchesAtStart(DESK_AT_START_PATCH)
         self.trail = AuditTrail(
             self.spec.workflow_id,
             status=lambda: self.c.state.value,
@@ -219,8 +215,7 @@ class TrainingRunWorkflow:
 
     @workflow.run
     async def run(self, inp: TrainingRunInput) -> TrainingRunStatus:
-        if workflow.patched(DESK_AT_START_PATCH):
-            self._desk_on = True
+        self.patches.decide()
         if inp.dispatch is not None and inp.dispatch.required and not await self._dispatched(inp.dispatch):
             await self.trail.record(AuditKind.CLOSED, self._ending(), actor=self._ended_by())
             return self.status()
@@ -337,11 +332,8 @@ class TrainingRunWorkflow:
         self.c = self.c.model_copy(update=changes)
 
     def _notifies(self) -> bool:
-        """Whether requests are posted and reminded. A run started before `DESK_AT_START_PATCH` asks `DESK_PATCH`
-        where it always did, at its first notification (its history has that marker there, or none)."""
-        if self._desk_on is None:
-            self._desk_on = workflow.patched(DESK_PATCH)
-        return self._desk_on
+        """Whether requests are posted and reminded."""
+        return self.patches.patched(DESK_PATCH)
 
     # ---- audit ---------------------------------------------------------------------------------------
 
