@@ -9,7 +9,8 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 from temporalio.client import Client
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.converter import DataConverter
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from daedalus.activities.attempts import AttemptActivities
@@ -39,6 +40,7 @@ from daedalus.workflows.campaign import CampaignWorkflow
 from daedalus.workflows.lease_keeper import LeaseKeeperWorkflow
 from daedalus.workflows.leased_step import LeasedStepWorkflow
 from daedalus.workflows.report_digest import ReportDigestWorkflow
+from daedalus.workflows.runner import ContextFreeRunner, ignores_context
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
 
@@ -136,11 +138,18 @@ def control_worker(client: Client, config: WorkerConfig, engine: Engine) -> Work
         workflow_failure_exception_types=[Exception] if config.fail_workflows_on_bugs else [],
         max_concurrent_activities=config.max_concurrent_activities,
         max_cached_workflows=config.max_cached_workflows,
-        workflow_runner=SandboxedWorkflowRunner() if config.sandboxed else UnsandboxedWorkflowRunner(),
+        workflow_runner=workflow_runner(config.sandboxed, client.data_converter),
         patch_activation_callback=(
             (lambda patch: patch.patch_id not in config.inactive_patches) if config.inactive_patches else None
         ),
     )
+
+
+def workflow_runner(sandboxed: bool, converter: DataConverter) -> WorkflowRunner:
+    """Temporal's runner (in its sandbox unless `temporal.sandbox` is off), wrapped so that a converter that takes
+    no serialization context is not asked for one per payload (workflows/runner.py)."""
+    inner = SandboxedWorkflowRunner() if sandboxed else UnsandboxedWorkflowRunner()
+    return ContextFreeRunner(inner, converter) if ignores_context(converter) else inner
 
 
 def gpu_state_dir(workspace_root: Path, host: str) -> Path:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
+from sqlalchemy import bindparam
 from sqlmodel import Session, col, select
 
 from daedalus.store.tables import AuditEventRow, TicketRow
@@ -68,15 +69,18 @@ def row_hash(row: AuditEventRow, prev_hash: str) -> str:
     )
 
 
+LATEST_HASH = (
+    select(AuditEventRow.hash)
+    .where(AuditEventRow.ticket_id == bindparam("subject"))
+    .order_by(col(AuditEventRow.id).desc())
+    .limit(1)
+)
+"""Built once: the store's every write asks it, and SQLAlchemy then compiles it once."""
+
+
 def last_hash(session: Session, ticket_id: str) -> str:
     """The hash a new event of `ticket_id` chains to: its trail's latest event's, or GENESIS."""
-    query = (
-        select(AuditEventRow.hash)
-        .where(AuditEventRow.ticket_id == ticket_id)
-        .order_by(col(AuditEventRow.id).desc())
-        .limit(1)
-    )
-    found = session.exec(query).first()
+    found = session.connection().execute(LATEST_HASH, {"subject": ticket_id}).scalar()
     return found if found is not None else GENESIS
 
 

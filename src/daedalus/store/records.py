@@ -1,7 +1,14 @@
-"""Apply audit records: the only way rows are written. Idempotent on (workflow id, sequence number)."""
+"""Apply audit records: the only way rows are written. Idempotent on (workflow id, sequence number).
+
+The event and the ticket projection, written for every record, go in as Core statements on the session's
+connection (one transaction with the rest): the ORM's unit of work, identity map and a load of the ticket row's
+spec were most of a write's cost, and every decision waits for a few writes. The rarer rows (decisions, verdicts)
+go through the ORM."""
 
 from datetime import datetime
+from typing import Any
 
+from sqlalchemy import Connection, Table, bindparam, insert, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
@@ -9,6 +16,16 @@ from daedalus.schemas.audit import AuditEvent, AuditKind, AuditRecord
 from daedalus.schemas.ticket import TicketStatus
 from daedalus.store import chain
 from daedalus.store.tables import AuditEventRow, DecisionRow, TicketRow, VerdictRow
+
+_EVENTS: Table = AuditEventRow.__table__  # type: ignore[attr-defined]
+_TICKETS: Table = TicketRow.__table__  # type: ignore[attr-defined]
+# Built once, with values passed at execution: SQLAlchemy compiles each once and reuses it.
+INSERT_EVENT = insert(_EVENTS)
+INSERT_TICKET = insert(_TICKETS)
+TICKET_NOW = select(
+    _TICKETS.c.run_id, _TICKETS.c.last_seq, _TICKETS.c.updated_at, _TICKETS.c.closed_at
+).where(_TICKETS.c.ticket_id == bindparam("ticket"))
+UPDATE_TICKET = update(_TICKETS).where(_TICKETS.c.ticket_id == bindparam("ticket"))
 
 
 def apply(*, session: Session, record: AuditRecord) -> bool:
@@ -29,12 +46,12 @@ def apply(*, session: Session, record: AuditRecord) -> bool:
 
 def _write(session: Session, record: AuditRecord) -> None:
     event = record.event
+    connection = session.connection()
     prev_hash = chain.last_hash(session, event.ticket_id)
     fields = event.model_dump()
-    session.add(
-        AuditEventRow(**fields, prev_hash=prev_hash, hash=chain.event_hash(prev_hash=prev_hash, **fields))
-    )
-    _project_ticket(session, record)
+    digest = chain.event_hash(prev_hash=prev_hash, **fields)
+    connection.execute(INSERT_EVENT, {**fields, "prev_hash": prev_hash, "hash": digest})
+    _project_ticket(session, connection, record)
     _record_decision(session, record)
     if record.ticket is None and event.kind is AuditKind.CLOSED:
         _withdraw_pending(session, event.ticket_id, event.at)
@@ -61,42 +78,34 @@ def _written(session: Session, event: AuditEvent) -> bool:
     return session.exec(query).first() is not None
 
 
-def _project_ticket(session: Session, record: AuditRecord) -> None:
+def _project_ticket(session: Session, connection: Connection, record: AuditRecord) -> None:
     """Move the ticket's projection forward; an event older than what the row shows changes nothing."""
     snapshot = record.ticket
     if snapshot is None:
         return
     event = record.event
-    row = session.get(TicketRow, snapshot.ticket_id)
-    values = snapshot.model_dump(exclude={"spec"})
+    key = {"ticket": snapshot.ticket_id}
+    row = connection.execute(TICKET_NOW, key).first()
+    values: dict[str, Any] = snapshot.model_dump(exclude={"spec"})
+    values.update(updated_at=event.at, last_seq=event.seq)
+    if snapshot.spec is not None:
+        values["spec"] = snapshot.spec
+    closed_at = None if row is None else row.closed_at
     if row is None:
-        row = TicketRow(
-            **values, spec=snapshot.spec or {}, filed_at=event.at, updated_at=event.at, last_seq=event.seq
-        )
-        session.add(row)
+        connection.execute(INSERT_TICKET, {"spec": {}, **values, "filed_at": event.at})
     elif row.run_id == snapshot.run_id:
         if event.seq < row.last_seq:
             return
-        _update(row, values, snapshot.spec, event.at, event.seq)
+        connection.execute(UPDATE_TICKET, {**key, **values})
     else:
         if event.at < row.updated_at:
             return  # a late event of an earlier filing of this ticket id
         # The ticket id was filed again after its earlier workflow closed: the projection follows the new filing.
-        row.filed_at, row.closed_at = event.at, None
-        _update(row, values, snapshot.spec, event.at, event.seq)
-    if TicketStatus(snapshot.status).is_closed and row.closed_at is None:
-        row.closed_at = event.at
+        closed_at = None
+        connection.execute(UPDATE_TICKET, {**key, **values, "filed_at": event.at, "closed_at": None})
+    if TicketStatus(snapshot.status).is_closed and closed_at is None:
+        connection.execute(UPDATE_TICKET, {**key, "closed_at": event.at})
         _withdraw_pending(session, snapshot.ticket_id, event.at)
-
-
-def _update(
-    row: TicketRow, values: dict[str, object], spec: dict[str, object] | None, at: datetime, seq: int
-) -> None:
-    for key, value in values.items():
-        setattr(row, key, value)
-    if spec is not None:
-        row.spec = spec
-    row.updated_at, row.last_seq = at, seq
 
 
 def _withdraw_pending(session: Session, subject: str, at: datetime) -> None:
