@@ -17,6 +17,7 @@ import json
 from itertools import pairwise
 from typing import Any
 
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer, WorkflowReplayResult
 
@@ -75,14 +76,21 @@ def split_tasks_after_local_activities(history: WorkflowHistory) -> WorkflowHist
     return WorkflowHistory.from_json(history.workflow_id, {"events": split})
 
 
-def local_activity_markers(history: WorkflowHistory) -> int:
-    """How many local-activity markers `history` holds (a split changes only histories that have some)."""
+def local_activity_markers(history: WorkflowHistory, activity_type: str | None = None) -> int:
+    """How many local-activity markers `history` holds; with `activity_type`, only that activity's."""
     return sum(
         1
         for e in history.events
         if e.HasField("marker_recorded_event_attributes")
         and e.marker_recorded_event_attributes.marker_name == LOCAL_ACTIVITY_MARKER
+        and activity_type in (None, local_activity_type(e))
     )
+
+
+def local_activity_type(event: HistoryEvent) -> str:
+    """The activity a local-activity marker records (core keeps it in the marker's `data` detail, as JSON)."""
+    [data] = event.marker_recorded_event_attributes.details["data"].payloads
+    return str(json.loads(data.data)["activity_type"])
 
 
 async def replay_split_too(replayer: Replayer, history: WorkflowHistory) -> WorkflowReplayResult:

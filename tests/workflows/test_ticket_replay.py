@@ -73,15 +73,14 @@ async def replay_and_keep(handle: WorkflowHandle[Any, Any], case: str) -> None:
 
 
 def audit_writes(history: WorkflowHistory) -> tuple[int, int]:
-    """(remote `record_audit_event` activities, local activities) in a history: every local activity of a
-    ticket is an audit write."""
+    """(remote, local) `record_audit_event` activities in a history."""
     remote = sum(
         1
         for e in history.events
         if e.HasField("activity_task_scheduled_event_attributes")
         and e.activity_task_scheduled_event_attributes.activity_type.name == "record_audit_event"
     )
-    return remote, local_activity_markers(history)
+    return remote, local_activity_markers(history, "record_audit_event")
 
 
 def test_every_case_has_a_stored_history() -> None:

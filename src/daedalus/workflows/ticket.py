@@ -180,6 +180,7 @@ class TicketWorkflow:
     @workflow.run
     async def run(self, ticket: TicketInput) -> TicketState:
         self.patches.decide()
+        self.lessons.decide()
         self.ui.identity(self.spec)
         if ticket.carry is None:
             filed = f"filed by {ticket.filed_by}: {self.spec.title}"

@@ -32,6 +32,10 @@ with workflow.unsafe.imports_passed_through():
     from daedalus.workflows.patches import PatchesAtStart
 
 LESSONS_PATCH = "ticket-lessons"
+LESSONS_READ_LOCALLY = "ticket-lessons-read-locally"
+"""Patch, asked in the run's first activation (patches.py says why there): the lessons for a prompt are read by a
+local activity, in the workflow task that dispatches the attempt, instead of a remote one whose completion cost
+a workflow task of its own. Runs started before it read them remotely."""
 LESSONS_TIMEOUT = timedelta(seconds=30)
 LESSONS_RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1))
 
@@ -43,6 +47,11 @@ def _engine(spec: TicketSpec) -> str | None:
 class TicketLessons:
     def __init__(self, patches: PatchesAtStart) -> None:
         self.patches = patches
+        self.read_locally = False
+
+    def decide(self) -> None:
+        """Ask `LESSONS_READ_LOCALLY`: call it in `run`'s first activation, before anything that awaits."""
+        self.read_locally = workflow.patched(LESSONS_READ_LOCALLY)
 
     def _on(self) -> bool:
         return self.patches.patched(LESSONS_PATCH)
@@ -51,12 +60,10 @@ class TicketLessons:
         """The lessons recorded for the ticket's engine and host, for the next attempt's prompt."""
         if not self._on():
             return []
+        query = LessonQuery(engine=_engine(spec), host=spec.host)
+        read = LESSONS_FOR.execute_local if self.read_locally else LESSONS_FOR.execute
         try:
-            return await LESSONS_FOR.execute(
-                LessonQuery(engine=_engine(spec), host=spec.host),
-                start_to_close_timeout=LESSONS_TIMEOUT,
-                retry_policy=LESSONS_RETRY,
-            )
+            return await read(query, start_to_close_timeout=LESSONS_TIMEOUT, retry_policy=LESSONS_RETRY)
         except ActivityError as error:
             workflow.logger.warning("reading lessons for ticket %s failed: %s", spec.id, error)
             return []
