@@ -27,13 +27,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
 from daedalus.campaigns.spec import load_campaign
 from daedalus.config import Settings
 from daedalus.decisions.schemas import CampaignSubject
 from daedalus.devserver import DevServer
 from daedalus.engines import paths
+from daedalus.payloads import DATA_CONVERTER
 from daedalus.ports import free_port
 from daedalus.report import build_report, render_html
 from daedalus.schemas.campaigns import CampaignInput, CampaignStatus, campaign_workflow_id
@@ -58,7 +58,7 @@ async def run(spec_path: Path) -> dict[str, object]:
     migrate(engine)
     queue = f"bench-{uuid.uuid4().hex[:8]}"
     with DevServer(db_file=None, port=free_port(), ui_port=None, die_with_parent=True) as server:
-        client = await Client.connect(server.address, data_converter=pydantic_data_converter)
+        client = await Client.connect(server.address, data_converter=DATA_CONVERTER)
         config = WorkerConfig(
             control_queue=queue, hosts=[spec.host], workspace_root=tmp / "ws", artifacts=tmp / "artifacts"
         )

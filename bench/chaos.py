@@ -55,7 +55,6 @@ from rich.table import Table
 from sqlalchemy import text
 from sqlmodel import select
 from temporalio.client import Client, WorkflowExecutionStatus
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 
 from chaos_checks import (
@@ -74,6 +73,7 @@ from daedalus.engines import paths
 from daedalus.engines.llama_build import cached_build
 from daedalus.hosts.registry import Registry, load_registry
 from daedalus.ids import ticket_workflow_id
+from daedalus.payloads import DATA_CONVERTER
 from daedalus.ports import free_port
 from daedalus.schemas.ticket import TicketSpec, TicketState, TicketStatus
 from daedalus.schemas.training import RunState, TrainingRunSpec, TrainingRunStatus
@@ -532,7 +532,7 @@ async def scenario(args: argparse.Namespace, tmp: Path, stack: Stack, database_u
         specs.append(TicketSpec.model_validate(spec))
         for child in children_of(spec):
             designs[child["id"]] = design if child is spec else "pass"
-    client = await Client.connect(stack.server.address, data_converter=pydantic_data_converter)
+    client = await Client.connect(stack.server.address, data_converter=DATA_CONVERTER)
     headers = {"Authorization": f"Bearer {TOKEN}"}
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{stack.api_port}", headers=headers) as api:
         deadline = time.monotonic() + 120

@@ -28,8 +28,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
+
+from daedalus.payloads import DATA_CONVERTER
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKS = Path()
@@ -198,7 +199,7 @@ async def main() -> None:
         MARKS = tmp / "marks"
         MARKS.mkdir()
         os.environ["BENCH_MARKS"] = str(MARKS)
-        client = await Client.connect(server.address, data_converter=pydantic_data_converter)
+        client = await Client.connect(server.address, data_converter=DATA_CONVERTER)
         scripted = await dispatch_runs(client, tmp, "scripted", args.runs)
         codex = await dispatch_runs(client, tmp, "codex", args.runs)
         openai_ms = await openai_runs(tmp, args.runs)

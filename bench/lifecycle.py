@@ -54,7 +54,6 @@ from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter
 from temporalio.worker import Worker, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
@@ -95,6 +94,11 @@ except ImportError:  # a checkout from before it (PYTHONPATH=<another checkout>/
     def settle_heap() -> None:
         pass
 
+
+try:
+    from daedalus.payloads import DATA_CONVERTER
+except ImportError:  # a checkout from before it: temporalio's pydantic converter
+    from temporalio.contrib.pydantic import pydantic_data_converter as DATA_CONVERTER
 
 try:
     from daedalus.worker import workflow_runner
@@ -194,7 +198,7 @@ async def run_worker(
     fakes on both queues. With one (part b): the control worker as `daedalus worker --control` builds it, on
     that store, alone in its process as in production. `hosts_only`: the fake host activities (part b), in a
     process of their own as a GPU host's worker is."""
-    client = await Client.connect(address, data_converter=pydantic_data_converter)
+    client = await Client.connect(address, data_converter=DATA_CONVERTER)
     if hosts_only:
         async with host_worker(client):
             print("worker ready", flush=True)

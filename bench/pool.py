@@ -42,7 +42,6 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 from temporalio.client import Client, WorkflowHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
 
 from daedalus.devserver import DevServer
 from daedalus.hosts import holder
@@ -55,6 +54,7 @@ from daedalus.hosts.leases import (
     TenantMode,
 )
 from daedalus.ids import host_queue
+from daedalus.payloads import DATA_CONVERTER
 from daedalus.ports import free_port
 from daedalus.store import tokens as api_tokens
 from daedalus.store.database import make_engine, migrate
@@ -337,7 +337,7 @@ OPEN_STATUSES = {"draft", "dispatched", "building", "gating", "awaiting_decision
 
 async def scenario(pool: Pool, quick: bool) -> dict[str, Any]:
     assert pool.server is not None
-    client = await Client.connect(pool.server.address, data_converter=pydantic_data_converter)
+    client = await Client.connect(pool.server.address, data_converter=DATA_CONVERTER)
     for host in HOSTS:
         await wait_for(f"lease keeper {host}", lambda host=host: holder.keeper_state(client, host))
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{pool.api_port}") as api:

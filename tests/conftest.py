@@ -11,11 +11,11 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import OperationalError
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
 from daedalus.config import Settings
 from daedalus.devserver import DevServer
 from daedalus.engines import paths
+from daedalus.payloads import DATA_CONVERTER
 from daedalus.ports import free_port
 from daedalus.store.database import make_engine, migrate
 
@@ -37,7 +37,7 @@ def temporal_server() -> Iterator[DevServer]:
 
 @pytest.fixture(scope="session")
 async def temporal_client(temporal_server: DevServer) -> AsyncIterator[Client]:
-    yield await Client.connect(temporal_server.address, data_converter=pydantic_data_converter)
+    yield await Client.connect(temporal_server.address, data_converter=DATA_CONVERTER)
 
 
 @pytest.fixture

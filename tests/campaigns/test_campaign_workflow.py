@@ -13,13 +13,13 @@ import pytest
 from sqlalchemy import Engine
 from temporalio import activity
 from temporalio.client import Client, WorkflowHandle, WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, Worker
 
 from daedalus import services as tickets
 from daedalus.campaigns.spec import load_campaign
 from daedalus.hosts import holder
 from daedalus.ids import host_queue
+from daedalus.payloads import DATA_CONVERTER
 from daedalus.report import build_report, render_markdown
 from daedalus.schemas.audit import AuditKind
 from daedalus.schemas.campaigns import (
@@ -48,9 +48,7 @@ HISTORIES = Path(__file__).resolve().parents[1] / "histories"
 @pytest.mark.parametrize("name", ["campaign-adopted.json"])
 async def test_stored_campaign_history_replays(name: str) -> None:
     history = WorkflowHistory.from_json("campaign", (HISTORIES / name).read_text())
-    await replay_split_too(
-        Replayer(workflows=[CampaignWorkflow], data_converter=pydantic_data_converter), history
-    )
+    await replay_split_too(Replayer(workflows=[CampaignWorkflow], data_converter=DATA_CONVERTER), history)
 
 
 measured_cells: list[str] = []
@@ -148,9 +146,7 @@ async def test_campaign_sweeps_records_a_crash_and_proposes_a_preset(
         history = await handle.fetch_history()
     assert final.status == "adopted"
     # the fresh history replays, and is kept (with DAEDALUS_RECORD_HISTORIES=1) for the stored-history test
-    await replay_split_too(
-        Replayer(workflows=[CampaignWorkflow], data_converter=pydantic_data_converter), history
-    )
+    await replay_split_too(Replayer(workflows=[CampaignWorkflow], data_converter=DATA_CONVERTER), history)
     if os.environ.get("DAEDALUS_RECORD_HISTORIES"):
         (HISTORIES / "campaign-adopted.json").write_text(history.to_json())
     assert measured_cells == [c.key for c in spec.cells()], "cells are measured one by one, in order"
@@ -234,9 +230,7 @@ async def test_cells_run_under_a_lease_on_the_hosts_gpus_and_the_proposal_goes_t
     assert [e.seq for e in sorted(trail, key=lambda e: e.seq)] == list(range(1, len(trail) + 1))
     assert kinds[:2] == [AuditKind.FILED, AuditKind.DECISION_REQUESTED] and kinds[-1] == AuditKind.DECIDED
     assert AuditKind.DECISION_REMINDER in kinds
-    await replay_split_too(
-        Replayer(workflows=[CampaignWorkflow], data_converter=pydantic_data_converter), history
-    )
+    await replay_split_too(Replayer(workflows=[CampaignWorkflow], data_converter=DATA_CONVERTER), history)
 
 
 @pytest.mark.llama

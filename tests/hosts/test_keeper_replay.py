@@ -11,11 +11,11 @@ import os
 from pathlib import Path
 
 from temporalio.client import Client, WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from daedalus.hosts import holder
 from daedalus.hosts.leases import LeaseRequest
+from daedalus.payloads import DATA_CONVERTER
 from daedalus.workflows.lease_keeper import LeaseKeeperWorkflow
 from tests.hosts.keeper_support import running_keeper
 from tests.hosts.test_constraints import CAP, launch
@@ -27,7 +27,7 @@ STORED = HISTORIES / "lease-keeper.json"
 
 
 def replayer() -> Replayer:
-    return Replayer(workflows=[LeaseKeeperWorkflow], data_converter=pydantic_data_converter)
+    return Replayer(workflows=[LeaseKeeperWorkflow], data_converter=DATA_CONVERTER)
 
 
 async def test_stored_history_replays() -> None:

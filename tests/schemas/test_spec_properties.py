@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 from temporalio.api.common.v1 import Payload
-from temporalio.contrib.pydantic import pydantic_data_converter
 
+from daedalus.payloads import DATA_CONVERTER
 from daedalus.schemas.gates import Metric
 from daedalus.schemas.limits import BRIEF_CHARS, TEMPORAL_PAYLOAD_LIMIT_BYTES, TITLE_CHARS
 from daedalus.schemas.ticket import TicketInput, TicketSpec
@@ -71,7 +71,7 @@ def specs(draw: st.DrawFn) -> dict[str, Any]:
 
 
 def payload_of(spec: TicketSpec) -> Payload:
-    [payload] = pydantic_data_converter.payload_converter.to_payloads([TicketInput(spec=spec)])
+    [payload] = DATA_CONVERTER.payload_converter.to_payloads([TicketInput(spec=spec)])
     return payload
 
 
@@ -92,7 +92,7 @@ def test_every_spec_is_either_accepted_and_travels_or_refused_with_a_reason(data
         return
     payload = payload_of(spec)
     assert len(payload.data) < TEMPORAL_PAYLOAD_LIMIT_BYTES / 4
-    [back] = pydantic_data_converter.payload_converter.from_payloads([payload], [TicketInput])
+    [back] = DATA_CONVERTER.payload_converter.from_payloads([payload], [TicketInput])
     assert back == TicketInput(spec=spec)
     for gate in spec.gates:
         assert gate.threshold == gate.threshold and abs(gate.threshold) != float("inf")

@@ -1,4 +1,5 @@
-"""The workflow runner answers "no serialization context" only for a converter that would ignore one."""
+"""The workflow runner answers "no serialization context" only for a converter that would ignore one; Daedalus's
+converter is one, and writes what temporalio's pydantic converter writes."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from temporalio.converter import (
 from temporalio.worker import UnsandboxedWorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
+from daedalus.decisions.schemas import Decision
+from daedalus.payloads import DATA_CONVERTER, SharedPydanticPayloadConverter
 from daedalus.worker import workflow_runner
 from daedalus.workflows.runner import ContextFreeRunner, ignores_context
 
@@ -58,3 +61,18 @@ def test_workers_wrap_the_runner_only_for_a_context_free_converter(sandboxed: bo
     wrapped = workflow_runner(sandboxed, pydantic_data_converter)
     assert isinstance(wrapped, ContextFreeRunner) and isinstance(wrapped.inner, temporals)
     assert isinstance(workflow_runner(sandboxed, KEYED), temporals)  # the codec gets its contexts
+
+
+def test_daedalus_converter_writes_the_pydantic_converters_payloads_from_shared_parts() -> None:
+    values = [
+        Decision(request_id="7-dispatch-1", option="approve", decided_by="wayne"),
+        {"n": 1},
+        None,
+        "text",
+    ]
+    ours = DATA_CONVERTER.payload_converter.to_payloads(values)
+    assert ours == pydantic_data_converter.payload_converter.to_payloads(values)
+    assert DATA_CONVERTER.payload_converter.from_payloads(ours, [Decision, dict, type(None), str]) == values
+    first, second = SharedPydanticPayloadConverter(), SharedPydanticPayloadConverter()
+    assert all(a is b for a, b in zip(first.converters.values(), second.converters.values(), strict=True))
+    assert ignores_context(DATA_CONVERTER)

@@ -30,10 +30,10 @@ import pytest
 from sqlalchemy import Engine
 from temporalio import workflow
 from temporalio.client import Client, WorkflowHandle, WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from daedalus import services as daedalus
+from daedalus.payloads import DATA_CONVERTER
 from daedalus.schemas.ticket import (
     CancelRequest,
     Decision,
@@ -62,7 +62,7 @@ CASES = {"passed", "escalated-stopped", "umbrella", "umbrella-chained", "cancell
 
 
 def replayer() -> Replayer:
-    return Replayer(workflows=[TicketWorkflow], data_converter=pydantic_data_converter)
+    return Replayer(workflows=[TicketWorkflow], data_converter=DATA_CONVERTER)
 
 
 async def replay_and_keep(handle: WorkflowHandle[Any, Any], case: str) -> None:
@@ -138,7 +138,7 @@ async def test_replay_rejects_an_incompatible_change() -> None:
     """The check above can fail: the same histories against a reordered workflow are nondeterministic."""
     [path, *_] = STORED
     history = WorkflowHistory.from_json("replay-changed", path.read_text())
-    changed = Replayer(workflows=[ReorderedTicket], data_converter=pydantic_data_converter)
+    changed = Replayer(workflows=[ReorderedTicket], data_converter=DATA_CONVERTER)
     with pytest.raises(workflow.NondeterminismError):
         await changed.replay_workflow(history)
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import psutil
 from sqlalchemy import Engine
 from temporalio.client import Client, WorkflowExecutionStatus
-from temporalio.contrib.pydantic import pydantic_data_converter
 
 from daedalus import services as daedalus
 from daedalus.devserver import DevServer
+from daedalus.payloads import DATA_CONVERTER
 from daedalus.ports import free_port
 from daedalus.schemas.ticket import AttemptOutcome, Decision, TicketStatus
 from daedalus.workflows.ticket import TicketWorkflow
@@ -86,13 +86,13 @@ async def test_dev_server_restart_on_the_same_sqlite_file_keeps_the_ticket(
     )
     db_file, port = tmp_path / "t.db", free_port()
     with DevServer(db_file=db_file, port=port, ui_port=None) as server:
-        client = await Client.connect(server.address, data_converter=pydantic_data_converter)
+        client = await Client.connect(server.address, data_converter=DATA_CONVERTER)
         async with running_workers(client, sqlite_engine, tmp_path, task_queue, host):
             handle = await daedalus.file_ticket(client, spec, queue=task_queue)
             before, request = await pending(handle)
     assert server.process is not None and server.process.poll() is not None  # really stopped
     with DevServer(db_file=db_file, port=port, ui_port=None) as server:
-        client = await Client.connect(server.address, data_converter=pydantic_data_converter)
+        client = await Client.connect(server.address, data_converter=DATA_CONVERTER)
         async with running_workers(client, sqlite_engine, tmp_path, task_queue, host):
             after = await daedalus.status(client, spec.id)
             assert after.status is TicketStatus.AWAITING_APPROVAL

@@ -28,12 +28,12 @@ from temporalio.client import (
     WorkflowHistory,
     WorkflowUpdateFailedError,
 )
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.worker import Replayer, Worker
 
 from daedalus.activities.training import TrainingActivities
 from daedalus.decisions.schemas import TrainingRunSubject
+from daedalus.payloads import DATA_CONVERTER
 from daedalus.schemas import search_attributes as sa
 from daedalus.schemas.audit import AuditKind
 from daedalus.schemas.ticket import (
@@ -187,7 +187,7 @@ async def replay(
     """Replay the run's history with the current code and, with `split`, also as a query answered while a local
     activity's result was pending could have split its tasks (tests/replay_split.py)."""
     history = await handle.fetch_history()
-    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=DATA_CONVERTER)
     await (replay_split_too(replayer, history) if split else replayer.replay_workflow(history))
     if record_as and os.environ.get("DAEDALUS_RECORD_HISTORIES"):
         (HISTORIES / record_as).write_text(history.to_json())
@@ -483,7 +483,7 @@ def activity_types(history: dict[str, Any]) -> set[str]:
 @pytest.mark.parametrize("name", STORED)
 async def test_stored_histories_replay(name: str) -> None:
     history = json.loads((HISTORIES / name).read_text())
-    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=DATA_CONVERTER)
     stored = WorkflowHistory.from_json(f"training-{name}", history)
     for replayed in (stored, split_tasks_after_local_activities(stored)):
         result = await replayer.replay_workflow(replayed, raise_on_replay_failure=False)

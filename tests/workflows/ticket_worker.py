@@ -13,14 +13,14 @@ import asyncio
 from pathlib import Path
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
+from daedalus.payloads import DATA_CONVERTER
 from daedalus.store.database import make_engine
 from daedalus.worker import WorkerConfig, build_workers
 
 
 async def main(address: str, control_queue: str, host: str, tmp: Path, database_url: str | None) -> None:
-    client = await Client.connect(address, data_converter=pydantic_data_converter)
+    client = await Client.connect(address, data_converter=DATA_CONVERTER)
     config = WorkerConfig(
         control_queue=control_queue,
         hosts=[host],

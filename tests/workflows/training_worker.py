@@ -10,14 +10,14 @@ import sys
 from pathlib import Path
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from daedalus.activities.training import TrainingActivities
+from daedalus.payloads import DATA_CONVERTER
 
 
 async def main(address: str, task_queue: str, artifacts: Path) -> None:
-    client = await Client.connect(address, data_converter=pydantic_data_converter)
+    client = await Client.connect(address, data_converter=DATA_CONVERTER)
     acts = TrainingActivities(artifacts)
     async with Worker(
         client, task_queue=task_queue, activities=[acts.supervise_training, acts.training_host_report]

@@ -6,12 +6,12 @@ from typing import Any
 
 from pydantic import BaseModel
 from temporalio.client import Client, WorkflowUpdateFailedError
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from daedalus.errors import TicketError as TicketError
 from daedalus.errors import UnknownRequest as UnknownRequest
+from daedalus.payloads import DATA_CONVERTER
 
 
 async def connect(
@@ -21,7 +21,7 @@ async def connect(
     (`TemporalSettings.connection()` builds them from DAEDALUS_TEMPORAL_TLS_* and _API_KEY)."""
     try:
         return await Client.connect(
-            address, namespace=namespace, data_converter=pydantic_data_converter, tls=tls, api_key=api_key
+            address, namespace=namespace, data_converter=DATA_CONVERTER, tls=tls, api_key=api_key
         )
     except RuntimeError as error:
         raise TicketError(
