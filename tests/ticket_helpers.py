@@ -15,7 +15,8 @@ from sqlalchemy import Engine
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
-from daedalus.schemas.ticket import DecisionRequest, TicketState
+from daedalus.schemas import search_attributes as sa
+from daedalus.schemas.ticket import DecisionRequest, TicketState, TicketStatus
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 from daedalus.store.tables import AuditEventRow
@@ -59,6 +60,19 @@ async def pending(
 
 
 _requests_returned: dict[tuple[str, str | None], set[str]] = {}
+
+
+async def asked_in_history(handle: WorkflowHandle[Any, TicketState], timeout: float = 30) -> None:
+    """Wait until the workflow task that asked the pending decision is complete in Temporal's history: its status
+    search attribute, set by that task, says the ticket waits. A query answers from the worker's state, which
+    can be ahead of the history: a server stopped then retries that task after its restart, at a new workflow
+    time, and the request it asks again carries that time."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    waiting = {TicketStatus.AWAITING_APPROVAL.value, TicketStatus.AWAITING_DECISION.value}
+    while (await handle.describe()).typed_search_attributes.get(sa.STATUS) not in waiting:
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{handle.id}: the request's workflow task is not in the history")
+        await asyncio.sleep(0.1)
 
 
 async def started(client: Client, ticket_id: str, timeout: float = 60) -> WorkflowHandle[Any, TicketState]:

@@ -18,6 +18,7 @@ from daedalus.schemas.ticket import AttemptOutcome, Decision, TicketStatus
 from daedalus.workflows.ticket import TicketWorkflow
 from tests.support import make_engine_repo, running_workers, status_is, ticket_spec, wait_for
 from tests.ticket_helpers import (
+    asked_in_history,
     events,
     host_of,
     kinds,
@@ -90,6 +91,7 @@ async def test_dev_server_restart_on_the_same_sqlite_file_keeps_the_ticket(
         async with running_workers(client, sqlite_engine, tmp_path, task_queue, host):
             handle = await daedalus.file_ticket(client, spec, queue=task_queue)
             before, request = await pending(handle)
+            await asked_in_history(handle)  # what a restart keeps is what the history holds
     assert server.process is not None and server.process.poll() is not None  # really stopped
     with DevServer(db_file=db_file, port=port, ui_port=None) as server:
         client = await Client.connect(server.address, data_converter=DATA_CONVERTER)

@@ -32,7 +32,7 @@ def apply(*, session: Session, record: AuditRecord) -> bool:
     """Write the record's event, projection, decision and verdicts. False if it was already written.
 
     Written is the exception (a retried activity), so it is not asked first: the event's unique (run id, seq)
-    refuses the second copy, and that refusal, at the first flush, undoes the whole transaction."""
+    refuses the second copy at its insert, and that refusal undoes the whole transaction."""
     try:
         _write(session, record)
         session.flush()
