@@ -16,7 +16,6 @@ from collections.abc import Sequence
 
 import temporalio.bridge.proto.workflow_activation
 import temporalio.bridge.proto.workflow_completion
-import temporalio.converter
 import temporalio.workflow
 from temporalio.converter import (
     ActivitySerializationContext,
