@@ -10,10 +10,6 @@ The stored histories were recorded when every audit event was a remote `record_a
 ticket-passed-local-audit.json (the passed case since they are local activities, patch `audit-local-activity`):
 tickets of both shapes are live somewhere, and both must replay.
 
-The ticket-unbatched-*.json histories were recorded with every patch up to `ticket-lessons-read-locally`, each
-audit event a local activity of its own, before `audit-batched-writes` (trail.py) let a ticket write consecutive
-events in one: such tickets are live too.
-
 The ticket-lazy-patches-*.json histories were recorded (with local audit writes) before `ticket-patches-at-start`:
 they ask `waiting-for-delegates`, `children-build-on-predecessor`, `gates-hold-gpu-leases` and `ticket-lessons`
 lazily, right after an audit write, as such tickets still live do. They replay as recorded; split after their
@@ -57,12 +53,11 @@ from daedalus.workflows.ticket import (
 from daedalus.workflows.ticket_steps import GATES_HOLD_LEASES
 from tests.replay_split import local_activity_markers, replay_split_too
 from tests.support import failing_spec, make_engine_repo, running_workers, ticket_spec
-from tests.ticket_helpers import HISTORIES, events, host_of, pending
+from tests.ticket_helpers import HISTORIES, host_of, pending
 
 STORED = sorted(HISTORIES.glob("ticket-*.json"))
 LOCAL_AUDIT = "ticket-passed-local-audit.json"
 LAZY_PATCHES = "ticket-lazy-patches-"
-UNBATCHED = "ticket-unbatched-"
 CASES = {"passed", "escalated-stopped", "umbrella", "umbrella-chained", "cancelled", "continued"}
 
 
@@ -77,16 +72,15 @@ async def replay_and_keep(handle: WorkflowHandle[Any, Any], case: str) -> None:
         (HISTORIES / f"ticket-{case}.json").write_text(history.to_json())
 
 
-def audit_writes(history: WorkflowHistory) -> tuple[int, int, int]:
-    """(remote, local) `record_audit_event` activities in a history, and its `record_audit_events` batches."""
+def audit_writes(history: WorkflowHistory) -> tuple[int, int]:
+    """(remote, local) `record_audit_event` activities in a history."""
     remote = sum(
         1
         for e in history.events
         if e.HasField("activity_task_scheduled_event_attributes")
         and e.activity_task_scheduled_event_attributes.activity_type.name == "record_audit_event"
     )
-    local = local_activity_markers(history, "record_audit_event")
-    return remote, local, local_activity_markers(history, "record_audit_events")
+    return remote, local_activity_markers(history, "record_audit_event")
 
 
 def test_every_case_has_a_stored_history() -> None:
@@ -94,13 +88,12 @@ def test_every_case_has_a_stored_history() -> None:
 
 
 @pytest.mark.parametrize("path", STORED, ids=[p.stem for p in STORED])
-def test_stored_histories_hold_the_older_ways_of_writing_audit_events(path: Path) -> None:
-    writes = audit_writes(WorkflowHistory.from_json(path.stem, path.read_text()))
-    remote, local, batches = writes
-    if path.name == LOCAL_AUDIT or path.name.startswith((LAZY_PATCHES, UNBATCHED)):
-        assert remote == 0 and local > 0 and batches == 0, writes
+def test_stored_histories_hold_both_ways_of_writing_audit_events(path: Path) -> None:
+    remote, local = audit_writes(WorkflowHistory.from_json(path.stem, path.read_text()))
+    if path.name == LOCAL_AUDIT or path.name.startswith(LAZY_PATCHES):
+        assert remote == 0 and local > 0, (remote, local)
     else:
-        assert remote > 0 and local == 0 and batches == 0, writes
+        assert remote > 0 and local == 0, (remote, local)
 
 
 @pytest.mark.parametrize("path", STORED, ids=[p.stem for p in STORED])
@@ -184,11 +177,8 @@ async def test_record_passed_after_delegated_approval(
         )
         final = await handle.result()
         assert final.status is TicketStatus.PASSED
-    # Audit events are written in batches of consecutive events, each batch one local-activity marker: no
-    # remote activity, no workflow task of its own, and fewer writes than events.
-    remote, local, batches = audit_writes(await handle.fetch_history())
-    assert (remote, local) == (0, 0) and 0 < batches < final.audit_seq, (batches, final.audit_seq)
-    assert [e.seq for e in events(sqlite_engine, spec.id)] == list(range(1, final.audit_seq + 1))
+    # Each audit event is one local-activity marker: no remote activity, no workflow task of its own.
+    assert audit_writes(await handle.fetch_history()) == (0, final.audit_seq)
     await replay_and_keep(handle, "passed")
 
 
