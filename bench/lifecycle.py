@@ -68,6 +68,7 @@ from daedalus.activities.refs import (  # noqa: E402
     LESSONS_FOR,
     NOTIFY_DECISION_REQUEST,
     RECORD_AUDIT_EVENT,
+    RECORD_AUDIT_EVENTS,
     RECORD_LESSONS,
     RUN_ATTEMPT,
     RUN_BUILD,
@@ -78,7 +79,7 @@ from daedalus.devserver import DevServer  # noqa: E402
 from daedalus.ids import host_queue, ticket_workflow_id  # noqa: E402
 from daedalus.ports import free_port  # noqa: E402
 from daedalus.schemas.agents import AgentResult, ExitReason  # noqa: E402
-from daedalus.schemas.audit import AuditRecord  # noqa: E402
+from daedalus.schemas.audit import AuditBatch, AuditRecord  # noqa: E402
 from daedalus.schemas.gates import GateResult, Verdict  # noqa: E402
 from daedalus.schemas.lessons import LessonBatch, LessonQuery  # noqa: E402
 from daedalus.schemas.notify import NotifyOutcome, NotifyResult  # noqa: E402
@@ -157,6 +158,11 @@ async def fake_audit(record: AuditRecord) -> bool:
     return True
 
 
+@activity.defn(name=RECORD_AUDIT_EVENTS.name)
+async def fake_audit_batch(batch: AuditBatch) -> int:
+    return len(batch.records)
+
+
 @activity.defn(name=LESSONS_FOR.name)
 async def fake_lessons_for(query: LessonQuery) -> list[str]:
     return []
@@ -208,7 +214,14 @@ async def run_worker(
             client,
             task_queue=CONTROL,
             workflows=[TicketWorkflow, BareWorkflow],
-            activities=[fake_audit, fake_notify, fake_lessons_for, fake_record_lessons, noop],
+            activities=[
+                fake_audit,
+                fake_audit_batch,
+                fake_notify,
+                fake_lessons_for,
+                fake_record_lessons,
+                noop,
+            ],
             max_concurrent_activities=50,
             workflow_runner=workflow_runner(True, client.data_converter),  # the control worker's
         )
@@ -341,12 +354,20 @@ def is_local_activity(event: HistoryEvent) -> bool:
     )
 
 
-def is_local_audit_write(event: HistoryEvent) -> bool:
-    """A local activity's marker that records an audit write (core keeps the activity type in its `data`)."""
+def local_audit_events(event: HistoryEvent) -> int:
+    """How many audit events a local activity's marker records as written: 1 for `record_audit_event`, a batch's
+    result for `record_audit_events`, 0 for any other marker (core keeps the activity type in its `data`)."""
     if not is_local_activity(event):
-        return False
-    [data] = event.marker_recorded_event_attributes.details["data"].payloads
-    return bool(json.loads(data.data)["activity_type"] == RECORD_AUDIT_EVENT.name)
+        return 0
+    details = event.marker_recorded_event_attributes.details
+    [data] = details["data"].payloads
+    activity_type = json.loads(data.data)["activity_type"]
+    if activity_type == RECORD_AUDIT_EVENT.name:
+        return 1
+    if activity_type == RECORD_AUDIT_EVENTS.name:
+        [result] = details["result"].payloads
+        return int(json.loads(result.data))
+    return 0
 
 
 async def ticket_shape(client: Client) -> list[str]:
@@ -434,23 +455,23 @@ def seconds(event: HistoryEvent) -> float:
 
 
 def audit_write_ends(events: list[HistoryEvent]) -> list[float]:
-    """When each audit write of a history was complete, as the history shows it: a remote `record_audit_event`'s
-    completion, or a local activity's marker (written when its workflow task completes)."""
+    """When each audit event of a history was written, as the history shows it: a remote `record_audit_event`'s
+    completion, or a local activity's marker (written when its workflow task completes; a batch's marker once for
+    each event it wrote)."""
     audit_ids = {
         e.event_id
         for e in events
         if e.HasField("activity_task_scheduled_event_attributes")
         and e.activity_task_scheduled_event_attributes.activity_type.name == RECORD_AUDIT_EVENT.name
     }
-    return [
-        seconds(e)
-        for e in events
-        if is_local_audit_write(e)
-        or (
+    ends: list[float] = []
+    for e in events:
+        remote = (
             e.HasField("activity_task_completed_event_attributes")
             and e.activity_task_completed_event_attributes.scheduled_event_id in audit_ids
         )
-    ]
+        ends.extend([seconds(e)] * (1 if remote else local_audit_events(e)))
+    return ends
 
 
 def remote_audit_timings(events: list[HistoryEvent]) -> list[tuple[float, float]]:

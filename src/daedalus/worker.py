@@ -126,6 +126,7 @@ def control_worker(client: Client, config: WorkerConfig, engine: Engine) -> Work
         workflows=list(WORKFLOWS),
         activities=[
             audit.record_audit_event,
+            audit.record_audit_events,
             notify.notify_decision_request,
             keepers.passed_tickets,
             leases.acquire_lease,

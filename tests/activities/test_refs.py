@@ -23,6 +23,7 @@ DEFINITIONS: list[Callable[..., Any]] = [
     BuildActivities.run_build,
     GateActivities.run_gate,
     AuditActivities.record_audit_event,
+    AuditActivities.record_audit_events,
     NotifyActivities.notify_decision_request,
     TrainingActivities.supervise_training,
     TrainingActivities.training_host_report,

@@ -1,4 +1,5 @@
-"""The audit store on SQLite and PostgreSQL: `apply` writes each event once, the projection, and the queries."""
+"""The audit store on SQLite and PostgreSQL: `apply` writes each event once (`apply_all` a batch of them), the
+projection, and the queries."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from daedalus.schemas.gates import GateResult, Metric, Verdict
 from daedalus.schemas.ticket import Decision, DecisionKind, DecisionRequest
 from daedalus.store import queries
 from daedalus.store.database import session_scope
-from daedalus.store.records import apply
+from daedalus.store.records import apply, apply_all
 from daedalus.store.tables import AuditEventRow, DecisionRow, TicketRow, VerdictRow
 
 T0 = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
@@ -118,6 +119,35 @@ def test_apply_twice_writes_once(store_engine: Engine) -> None:
     assert [r.summary for r in rows] == ["filed 1", "decision_requested 2", "gate 3"]
     assert verdict.samples == [56.0, 56.1, 55.9] and verdict.attempt == 1 and verdict.seq == 3
     assert decision.deciders == ["wayne", "lead"] and decision.decided_at is None
+
+
+def write_all(engine: Engine, records: list[AuditRecord]) -> int:
+    with session_scope(engine) as session:
+        return apply_all(session=session, records=records)
+
+
+def test_a_batch_is_written_once_whole_and_chained_in_order(store_engine: Engine) -> None:
+    batch = [record(1, kind=AuditKind.FILED, status="draft", spec={"id": "4"}), record(2), record(3)]
+    assert write_all(store_engine, batch) == 3
+    assert write_all(store_engine, batch) == 0  # a retried batch
+    with session_scope(store_engine) as session:
+        rows = queries.audit_events(session=session, ticket_id="4")
+        ticket = queries.get_ticket(session=session, ticket_id="4")
+    assert [r.seq for r in rows] == [1, 2, 3]
+    assert [r.prev_hash for r in rows[1:]] == [r.hash for r in rows[:-1]]
+    assert ticket is not None and ticket.last_seq == 3 and ticket.spec == {"id": "4"}
+
+
+def test_a_batch_partly_written_before_writes_the_rest(store_engine: Engine) -> None:
+    """Should part of a batch be in the store already (written alone, by a retry that raced it), the batch writes
+    each record on its own: the new ones once, the old ones not again."""
+    assert write(store_engine, record(2))
+    assert (
+        write_all(store_engine, [record(1, kind=AuditKind.FILED, spec={"id": "4"}), record(2), record(3)])
+        == 2
+    )
+    with session_scope(store_engine) as session:
+        assert [r.seq for r in queries.audit_events(session=session, ticket_id="4")] == [1, 2, 3]
 
 
 def test_the_same_seq_of_another_run_is_another_event(store_engine: Engine) -> None:

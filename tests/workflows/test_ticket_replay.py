@@ -10,6 +10,10 @@ The stored histories were recorded when every audit event was a remote `record_a
 ticket-passed-local-audit.json (the passed case since they are local activities, patch `audit-local-activity`):
 tickets of both shapes are live somewhere, and both must replay.
 
+The ticket-unbatched-*.json histories were recorded with every patch up to `ticket-lessons-read-locally`, each
+audit event a local activity of its own, before `audit-batched-writes` (trail.py) let a ticket write consecutive
+events in one: such tickets are live too.
+
 The ticket-lazy-patches-*.json histories were recorded (with local audit writes) before `ticket-patches-at-start`:
 they ask `waiting-for-delegates`, `children-build-on-predecessor`, `gates-hold-gpu-leases` and `ticket-lessons`
 lazily, right after an audit write, as such tickets still live do. They replay as recorded; split after their
@@ -53,11 +57,12 @@ from daedalus.workflows.ticket import (
 from daedalus.workflows.ticket_steps import GATES_HOLD_LEASES
 from tests.replay_split import local_activity_markers, replay_split_too
 from tests.support import failing_spec, make_engine_repo, running_workers, ticket_spec
-from tests.ticket_helpers import HISTORIES, host_of, pending
+from tests.ticket_helpers import HISTORIES, events, host_of, pending
 
 STORED = sorted(HISTORIES.glob("ticket-*.json"))
 LOCAL_AUDIT = "ticket-passed-local-audit.json"
 LAZY_PATCHES = "ticket-lazy-patches-"
+UNBATCHED = "ticket-unbatched-"
 CASES = {"passed", "escalated-stopped", "umbrella", "umbrella-chained", "cancelled", "continued"}
 
 
@@ -72,15 +77,16 @@ async def replay_and_keep(handle: WorkflowHandle[Any, Any], case: str) -> None:
         (HISTORIES / f"ticket-{case}.json").write_text(history.to_json())
 
 
-def audit_writes(history: WorkflowHistory) -> tuple[int, int]:
-    """(remote, local) `record_audit_event` activities in a history."""
+def audit_writes(history: WorkflowHistory) -> tuple[int, int, int]:
+    """(remote, local) `record_audit_event` activities in a history, and its `record_audit_events` batches."""
     remote = sum(
         1
         for e in history.events
         if e.HasField("activity_task_scheduled_event_attributes")
         and e.activity_task_scheduled_event_attributes.activity_type.name == "record_audit_event"
     )
-    return remote, local_activity_markers(history, "record_audit_event")
+    local = local_activity_markers(history, "record_audit_event")
+    return remote, local, local_activity_markers(history, "record_audit_events")
 
 
 def test_every_case_has_a_stored_history() -> None:
@@ -88,12 +94,13 @@ def test_every_case_has_a_stored_history() -> None:
 
 
 @pytest.mark.parametrize("path", STORED, ids=[p.stem for p in STORED])
-def test_stored_histories_hold_both_ways_of_writing_audit_events(path: Path) -> None:
-    remote, local = audit_writes(WorkflowHistory.from_json(path.stem, path.read_text()))
-    if path.name == LOCAL_AUDIT or path.name.startswith(LAZY_PATCHES):
-        assert remote == 0 and local > 0, (remote, local)
+def test_stored_histories_hold_the_older_ways_of_writing_audit_events(path: Path) -> None:
+    writes = audit_writes(WorkflowHistory.from_json(path.stem, path.read_text()))
+    remote, local, batches = writes
+    if path.name == LOCAL_AUDIT or path.name.startswith((LAZY_PATCHES, UNBATCHED)):
+        assert remote == 0 and local > 0 and batches == 0, writes
     else:
-        assert remote > 0 and local == 0, (remote, local)
+        assert remote > 0 and local == 0 and batches == 0, writes
 
 
 @pytest.mark.parametrize("path", STORED, ids=[p.stem for p in STORED])
@@ -177,8 +184,11 @@ async def test_record_passed_after_delegated_approval(
         )
         final = await handle.result()
         assert final.status is TicketStatus.PASSED
-    # Each audit event is one local-activity marker: no remote activity, no workflow task of its own.
-    assert audit_writes(await handle.fetch_history()) == (0, final.audit_seq)
+    # Audit events are written in batches of consecutive events, each batch one local-activity marker: no
+    # remote activity, no workflow task of its own, and fewer writes than events.
+    remote, local, batches = audit_writes(await handle.fetch_history())
+    assert (remote, local) == (0, 0) and 0 < batches < final.audit_seq, (batches, final.audit_seq)
+    assert [e.seq for e in events(sqlite_engine, spec.id)] == list(range(1, final.audit_seq + 1))
     await replay_and_keep(handle, "passed")
 
 

@@ -1,4 +1,4 @@
-"""The one activity that writes the audit store (control queue)."""
+"""The activities that write the audit store (control queue): one event, or a trail's batch of them."""
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
@@ -6,11 +6,11 @@ from concurrent.futures import ThreadPoolExecutor
 from sqlalchemy import Engine
 from temporalio import activity
 
-from daedalus.activities.refs import RECORD_AUDIT_EVENT
+from daedalus.activities.refs import RECORD_AUDIT_EVENT, RECORD_AUDIT_EVENTS
 from daedalus.errors import maps_errors
-from daedalus.schemas.audit import AuditRecord
+from daedalus.schemas.audit import AuditBatch, AuditRecord
 from daedalus.store.database import session_scope
-from daedalus.store.records import apply
+from daedalus.store.records import apply, apply_all
 
 
 class AuditActivities:
@@ -35,3 +35,13 @@ class AuditActivities:
     def _write(self, record: AuditRecord) -> bool:
         with session_scope(self.engine) as session:
             return apply(session=session, record=record)
+
+    @activity.defn(name=RECORD_AUDIT_EVENTS.name)
+    @maps_errors
+    async def record_audit_events(self, batch: AuditBatch) -> int:
+        """Write a batch of consecutive events in one transaction; how many were new (0 for a retry)."""
+        return await asyncio.get_running_loop().run_in_executor(self._writer, self._write_all, batch)
+
+    def _write_all(self, batch: AuditBatch) -> int:
+        with session_scope(self.engine) as session:
+            return apply_all(session=session, records=batch.records)

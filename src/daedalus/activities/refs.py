@@ -15,7 +15,7 @@ from temporalio import workflow
 
 from daedalus.decisions.schemas import DecisionRequest
 from daedalus.schemas.agents import AgentResult
-from daedalus.schemas.audit import AuditRecord
+from daedalus.schemas.audit import AuditBatch, AuditRecord
 from daedalus.schemas.gates import GateResult
 from daedalus.schemas.lessons import LessonBatch, LessonQuery
 from daedalus.schemas.notify import NotifyResult
@@ -59,6 +59,7 @@ RUN_ATTEMPT = ActivityRef("run_attempt", AttemptInput, AgentResult)
 RUN_BUILD = ActivityRef("run_build", BuildInput, BuildResult)
 RUN_GATE = ActivityRef("run_gate", GateInput, GateResult)
 RECORD_AUDIT_EVENT = ActivityRef("record_audit_event", AuditRecord, bool)
+RECORD_AUDIT_EVENTS = ActivityRef("record_audit_events", AuditBatch, int)
 NOTIFY_DECISION_REQUEST = ActivityRef("notify_decision_request", DecisionRequest, NotifyResult)
 SUPERVISE_TRAINING = ActivityRef("supervise_training", SuperviseInput, SegmentReport)
 TRAINING_HOST_REPORT = ActivityRef("training_host_report", HostReportInput, HostReport)
@@ -70,6 +71,7 @@ WORKFLOW_ACTIVITIES: tuple[ActivityRef[Any, Any], ...] = (
     RUN_BUILD,
     RUN_GATE,
     RECORD_AUDIT_EVENT,
+    RECORD_AUDIT_EVENTS,
     NOTIFY_DECISION_REQUEST,
     SUPERVISE_TRAINING,
     TRAINING_HOST_REPORT,

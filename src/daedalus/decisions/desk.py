@@ -234,6 +234,7 @@ class DecisionDesk:
                 await self._remind()
                 if waiting.continue_as_new is not None and waiting.history_is_long():
                     await workflow.wait_condition(workflow.all_handlers_finished)
+                    await self.trail.flush()
                     if self._answer is None and not waiting.interrupted():
                         waiting.continue_as_new()
                 continue
@@ -249,6 +250,7 @@ class DecisionDesk:
             actor=answer.decided_by,
             decision=answer,
             detail={"request": request.id, "option": answer.option, "channel": answer.channel.value},
+            wait=False,  # the work the answer allows goes on while it is written
         )
         # The validator checked the option against the request's, which are this enum's values.
         return Answer(option=options(answer.option), decision=answer)

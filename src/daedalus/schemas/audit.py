@@ -76,6 +76,12 @@ class AuditRecord(Model):
     gate_results: list[GateResult] = Field(default_factory=list)
 
 
+class AuditBatch(Model):
+    """Consecutive records of one trail, in sequence order, applied in one transaction."""
+
+    records: list[AuditRecord] = Field(min_length=1)
+
+
 class TrailState(Model):
     """What a workflow's audit trail hands the next run across continue-as-new (every write has finished)."""
 

@@ -5,6 +5,7 @@ connection (one transaction with the rest): the ORM's unit of work, identity map
 spec were most of a write's cost, and every decision waits for a few writes. The rarer rows (decisions, verdicts)
 go through the ORM."""
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -42,6 +43,25 @@ def apply(*, session: Session, record: AuditRecord) -> bool:
             return False  # written before, or by a concurrent retry of the same activity that won the race
         raise
     return True
+
+
+def apply_all(*, session: Session, records: Sequence[AuditRecord]) -> int:
+    """Write consecutive records of one trail in the session's transaction; how many were new.
+
+    A batch commits whole or not at all, so a retried batch normally finds all of it written. Should any of it
+    be (a retry, or a write that raced it), the batch is undone and each record applied and committed alone."""
+    try:
+        for record in records:
+            _write(session, record)
+        session.flush()
+    except IntegrityError:
+        session.rollback()
+        written = 0
+        for record in records:
+            written += apply(session=session, record=record)
+            session.commit()
+        return written
+    return len(records)
 
 
 def _write(session: Session, record: AuditRecord) -> None:

@@ -181,11 +181,12 @@ class TicketWorkflow:
     async def run(self, ticket: TicketInput) -> TicketState:
         self.patches.decide()
         self.lessons.decide()
+        self.trail.batch_writes()
         self.ui.identity(self.spec)
         if ticket.carry is None:
             filed = f"filed by {ticket.filed_by}: {self.spec.title}"
             policy = {"dispatch": ticket.dispatch.reason} if ticket.dispatch is not None else None
-            await self.trail.record(AuditKind.FILED, filed, actor=ticket.filed_by, detail=policy)
+            await self.trail.record(AuditKind.FILED, filed, actor=ticket.filed_by, detail=policy, wait=False)
         try:
             status, reason = await self._lifecycle()
         except (asyncio.CancelledError, Interrupted):
@@ -229,7 +230,8 @@ class TicketWorkflow:
             if self.patches.patched(CHILDREN_BUILD_ON_PREDECESSOR):
                 child = rules.builds_on(child, self.s.accepted_commit)
             self._set(children={**self.s.children, child.id: TicketStatus.DRAFT})
-            await self.trail.record(AuditKind.CHILD, f"sub-ticket {child.id} started: {child.title}")
+            started = f"sub-ticket {child.id} started: {child.title}"
+            await self.trail.record(AuditKind.CHILD, started, wait=False)
             result: TicketState = await self.steps.run(
                 workflow.execute_child_workflow(
                     TicketWorkflow.run,
@@ -253,6 +255,7 @@ class TicketWorkflow:
                 AuditKind.CHILD,
                 f"sub-ticket {child.id} closed {result.status.value}: {result.outcome_reason}",
                 detail={"child": child.id, "status": result.status.value},
+                wait=False,
             )
 
     async def _judge_without_agent(self) -> rules.Closed:
@@ -304,7 +307,7 @@ class TicketWorkflow:
         summary, text = await self.work.attempt(spec, number, brief)
         self._set(attempts=[*self.s.attempts, summary])
         detail = {"branch": summary.branch, "commit": summary.commit or ""}
-        await self.trail.record(AuditKind.ATTEMPT, text, detail=detail)
+        await self.trail.record(AuditKind.ATTEMPT, text, detail=detail, wait=False)
         if summary.commit is None:
             return None
         return await self._until_the_host_works(functools.partial(self._build_and_gate, summary))
@@ -406,12 +409,13 @@ class TicketWorkflow:
     async def _transition(self, status: TicketStatus, summary: str, actor: str = "daedalus") -> None:
         self._set(status=status)
         self.ui.show(self.spec, status, summary)
-        await self.trail.record(AuditKind.TRANSITION, summary, actor=actor)
+        await self.trail.record(AuditKind.TRANSITION, summary, actor=actor, wait=False)
 
     async def _close(self, status: TicketStatus, reason: str, actor: str = "daedalus") -> None:
         self._set(outcome_reason=reason)
         await self._transition(status, f"closed {status.value}: {reason}", actor=actor)
         await self.lessons.outcome(self.spec, status, reason, self.s.attempts)
+        await self.trail.flush()  # the ticket is closed once the store holds its whole trail
 
     def _snapshot(self, seq: int, kind: AuditKind) -> TicketSnapshot:
         pending = self.desk.pending

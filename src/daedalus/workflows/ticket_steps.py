@@ -152,11 +152,11 @@ class TicketSteps:
             )
         if build.ok:
             await self.trail.record(
-                AuditKind.BUILD, f"attempt {number}: build passed", detail={"log": build.log}
+                AuditKind.BUILD, f"attempt {number}: build passed", detail={"log": build.log}, wait=False
             )
             return None
         text = f"attempt {number}: build failed (exit {build.returncode})"
-        await self.trail.record(AuditKind.BUILD, text, detail={"log": build.log})
+        await self.trail.record(AuditKind.BUILD, text, detail={"log": build.log}, wait=False)
         detail = f"build exited {build.returncode}: {build.log_tail[-600:]}"
         return summary.model_copy(update={"outcome": AttemptOutcome.BUILD_FAILED, "detail": detail})
 
@@ -189,6 +189,7 @@ class TicketSteps:
                 detail={"gate": gate.name, "verdict": verdict, "round": str(round_number)},
                 gate_results=[result],
                 attempt=attempt,
+                wait=False,
             )
             if result.verdict in (Verdict.PASS, Verdict.FAIL):
                 break

@@ -14,26 +14,56 @@ write's result from its marker and runs nothing; a write whose marker never reac
 died inside the task) runs again when the task is retried, and the store's idempotence on (run id, seq) makes
 that a no-op. Histories from before (one remote activity per event) keep their remote activities: the
 `AUDIT_LOCAL_ACTIVITY` patch is absent from them, so `workflow.patched` is False for the rest of such a run.
+
+A trail that batches (`batch_writes`, patch `AUDIT_BATCHES`) writes the events recorded with `wait=False` in the
+background, in order: the workflow goes on to its next step at once, and the events recorded before the write
+starts (a decision and the dispatch it allows, an attempt and its build, a gate and the close) go in one local
+activity and one store transaction, each such pair saving the workflow an activation and a local activity. A
+plain `record` waits until the store holds it and everything before it: for a caller that answers with the
+written state (an update) or must not go on before (the request a decider is about to be asked). `flush` waits
+for the same, and a workflow flushes before it returns or continues as new. A trail that does not batch writes
+each event alone and waits for it, `wait` or not.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Generic, TypeVar
 
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from daedalus.activities.refs import RECORD_AUDIT_EVENT
+    from daedalus.activities.refs import RECORD_AUDIT_EVENT, RECORD_AUDIT_EVENTS
     from daedalus.decisions.schemas import Decision, DecisionRequest
-    from daedalus.schemas.audit import AuditEvent, AuditKind, AuditRecord, TicketSnapshot, TrailState
+    from daedalus.schemas.audit import (
+        AuditBatch,
+        AuditEvent,
+        AuditKind,
+        AuditRecord,
+        TicketSnapshot,
+        TrailState,
+    )
     from daedalus.schemas.gates import GateResult
 
 AUDIT_TIMEOUT = timedelta(seconds=30)
 AUDIT_LOCAL_ACTIVITY = "audit-local-activity"
 """Patch: audit events are written by a local activity (histories before it scheduled a remote one per event)."""
+AUDIT_BATCHES = "audit-batched-writes"
+"""Patch, asked in the run's first activation (patches.py says why there): the trail batches its writes (see the
+module's docstring). Runs started before it write each event alone and wait for it."""
 V = TypeVar("V")
+
+
+@dataclass(frozen=True)
+class _Queued(Generic[V]):
+    """An appended event, and what the query shows once it is written."""
+
+    record: AuditRecord
+    status: str
+    view: V
 
 
 class AuditTrail(Generic[V]):
@@ -62,6 +92,9 @@ class AuditTrail(Generic[V]):
         self._view = view
         self._written_view: V | None = None
         self._out_of_order: dict[int, tuple[str, V]] = {}
+        self._batched = False
+        self._queue: list[_Queued[V]] = []
+        self._writer: asyncio.Task[None] | None = None
 
     def begin(self) -> None:
         """Take the starting view, once the workflow's parts exist: every event before it is written."""
@@ -76,7 +109,17 @@ class AuditTrail(Generic[V]):
         return self._written_view
 
     def carry(self) -> TrailState:
+        assert self.idle, "a workflow flushes its trail before it continues as new"
         return TrailState(seq=self.seq, status=self.written_status)
+
+    def batch_writes(self) -> None:
+        """Ask `AUDIT_BATCHES`: call it in `run`'s first activation, before anything that awaits."""
+        self._batched = workflow.patched(AUDIT_BATCHES)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing appended waits to be written."""
+        return not self._queue and (self._writer is None or self._writer.done())
 
     async def record(
         self,
@@ -89,16 +132,19 @@ class AuditTrail(Generic[V]):
         decision: Decision | None = None,
         gate_results: list[GateResult] | None = None,
         attempt: int = 0,
+        wait: bool = True,
     ) -> None:
-        """Write one event. The seq is taken before the await, so concurrent handlers never share one."""
+        """Write one event. `wait`: return once the store holds it and every event before it; False lets a
+        batching trail write it in the background, with the events appended near it. The seq is taken before
+        any await, so concurrent handlers never share one."""
         if not self._writes():
             self.written_status, self._written_view = self._status(), self._view(self.seq)
             return
+        self._raise_if_failed()
         self.seq += 1
         seq = self.seq
         info = workflow.info()
         status = self._status()
-        view = self._view(seq)
         record = AuditRecord(
             event=AuditEvent(
                 workflow_id=info.workflow_id,
@@ -118,11 +164,45 @@ class AuditTrail(Generic[V]):
             attempt=attempt,
             gate_results=gate_results or [],
         )
-        if workflow.patched(AUDIT_LOCAL_ACTIVITY):
-            await RECORD_AUDIT_EVENT.execute_local(record, start_to_close_timeout=AUDIT_TIMEOUT)
+        queued = _Queued(record, status, self._view(seq))
+        if not self._batched:
+            await self._write([queued])
+            return
+        self._queue.append(queued)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_queued())
+        if wait:
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Wait until the store holds every event recorded so far (at once when nothing waits)."""
+        if not self.idle:
+            await workflow.wait_condition(lambda: self.idle)
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        """A write that failed for good (its activity's error) fails whoever records or flushes next."""
+        if self._writer is not None and self._writer.done() and self._writer.exception() is not None:
+            raise self._writer.exception()  # type: ignore[misc]
+
+    async def _write_queued(self) -> None:
+        """The background writer: everything appended by the time it runs goes in one write."""
+        while self._queue:
+            batch, self._queue = self._queue, []
+            await self._write(batch)
+
+    async def _write(self, batch: list[_Queued[V]]) -> None:
+        local = workflow.patched(AUDIT_LOCAL_ACTIVITY)
+        if not self._batched:
+            [one] = batch
+            write = RECORD_AUDIT_EVENT.execute_local if local else RECORD_AUDIT_EVENT.execute
+            await write(one.record, start_to_close_timeout=AUDIT_TIMEOUT)
         else:
-            await RECORD_AUDIT_EVENT.execute(record, start_to_close_timeout=AUDIT_TIMEOUT)
-        self._written(seq, status, view)
+            records = AuditBatch(records=[queued.record for queued in batch])
+            write_all = RECORD_AUDIT_EVENTS.execute_local if local else RECORD_AUDIT_EVENTS.execute
+            await write_all(records, start_to_close_timeout=AUDIT_TIMEOUT)
+        for queued in batch:
+            self._written(queued.record.event.seq, queued.status, queued.view)
 
     def _written(self, seq: int, status: str, view: V) -> None:
         """Advance the written prefix; concurrent handlers may finish their writes out of order."""
