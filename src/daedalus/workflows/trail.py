@@ -59,10 +59,9 @@ V = TypeVar("V")
 
 @dataclass(frozen=True)
 class _Queued(Generic[V]):
-    """An appended event, and what the query shows once it is written."""
+    """A recorded event, and what the query shows once it is written."""
 
     record: AuditRecord
-    status: str
     view: V
 
 
@@ -118,7 +117,7 @@ class AuditTrail(Generic[V]):
 
     @property
     def idle(self) -> bool:
-        """Nothing appended waits to be written."""
+        """Nothing recorded waits to be written."""
         return not self._queue and (self._writer is None or self._writer.done())
 
     async def record(
@@ -135,7 +134,7 @@ class AuditTrail(Generic[V]):
         wait: bool = True,
     ) -> None:
         """Write one event. `wait`: return once the store holds it and every event before it; False lets a
-        batching trail write it in the background, with the events appended near it. The seq is taken before
+        batching trail write it in the background, with the events recorded near it. The seq is taken before
         any await, so concurrent handlers never share one."""
         if not self._writes():
             self.written_status, self._written_view = self._status(), self._view(self.seq)
@@ -164,7 +163,7 @@ class AuditTrail(Generic[V]):
             attempt=attempt,
             gate_results=gate_results or [],
         )
-        queued = _Queued(record, status, self._view(seq))
+        queued = _Queued(record, self._view(seq))
         if not self._batched:
             await self._write([queued])
             return
@@ -182,11 +181,12 @@ class AuditTrail(Generic[V]):
 
     def _raise_if_failed(self) -> None:
         """A write that failed for good (its activity's error) fails whoever records or flushes next."""
-        if self._writer is not None and self._writer.done() and self._writer.exception() is not None:
-            raise self._writer.exception()  # type: ignore[misc]
+        failure = self._writer.exception() if self._writer is not None and self._writer.done() else None
+        if failure is not None:
+            raise failure
 
     async def _write_queued(self) -> None:
-        """The background writer: everything appended by the time it runs goes in one write."""
+        """The background writer: everything recorded by the time it runs goes in one write."""
         while self._queue:
             batch, self._queue = self._queue, []
             await self._write(batch)
@@ -202,7 +202,7 @@ class AuditTrail(Generic[V]):
             write_all = RECORD_AUDIT_EVENTS.execute_local if local else RECORD_AUDIT_EVENTS.execute
             await write_all(records, start_to_close_timeout=AUDIT_TIMEOUT)
         for queued in batch:
-            self._written(queued.record.event.seq, queued.status, queued.view)
+            self._written(queued.record.event.seq, queued.record.event.status, queued.view)
 
     def _written(self, seq: int, status: str, view: V) -> None:
         """Advance the written prefix; concurrent handlers may finish their writes out of order."""
