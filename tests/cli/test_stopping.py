@@ -1,14 +1,19 @@
 """A CLI command stopped with SIGTERM (or SIGHUP) leaves what it started as Ctrl-C does: `daedalus demo` killed
-this way used to leave its embedded Temporal and a gate's measurement running."""
+this way used to leave its embedded Temporal and a gate's measurement running. `daedalus worker` stops on
+SIGINT even when it was started with SIGINT ignored (a background job of a non-interactive shell)."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.cli.test_ticket_cli import DAEDALUS
 
 COMMAND = """
 import asyncio, contextlib
@@ -44,3 +49,29 @@ def test_a_stopped_command_leaves_its_context_and_its_children(signum: signal.Si
     assert command.returncode == 128 + signum, stderr
     assert f"stopped by {signum.name}" in stderr
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, "the command's child outlived it"
+
+
+def test_a_worker_started_with_sigint_ignored_still_stops_on_it(
+    cli_env: dict[str, str], task_queue: str, tmp_path: Path
+) -> None:
+    """What `cmd &` in a script (and a CI runner that starts its job that way) hands down: SIGINT ignored. Python
+    then never raises KeyboardInterrupt, and this worker used to keep running after `kill -INT` for good."""
+    log = tmp_path / "worker.log"
+    with log.open("w") as out:
+        worker = subprocess.Popen(
+            [DAEDALUS, "worker", "--control", "--host", f"cli-{task_queue[-8:]}"], env=cli_env,
+            stdout=out, stderr=subprocess.STDOUT,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while "workers started" not in log.read_text():
+            assert worker.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        worker.send_signal(signal.SIGINT)
+        assert worker.wait(30) == 0, log.read_text()
+        assert log.read_text().rstrip().endswith("stopped")
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()

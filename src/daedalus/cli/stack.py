@@ -6,6 +6,7 @@ import asyncio
 import signal
 from typing import Annotated
 
+import structlog
 import typer
 
 from daedalus.cli import _common
@@ -13,19 +14,40 @@ from daedalus.cli._common import console, fail, run
 from daedalus.config import Settings
 from daedalus.errors import BadSettings, DevServerError
 
+log = structlog.get_logger()
+
+
+STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def stop_on_signals(stop: asyncio.Event) -> None:
+    """Ctrl-C (SIGINT), SIGTERM (systemd, docker stop, kill) and SIGHUP all stop the stack: the first one sets
+    `stop`, and leaving the running stack shuts the workers down and stops the embedded server, which would
+    otherwise outlive us; a second one does not wait for that (KeyboardInterrupt, as a second Ctrl-C always did).
+    Installed before anything starts, so a signal during start-up also ends in a clean stop.
+
+    SIGINT is taken here even when this process was started with it ignored, as a background job of a
+    non-interactive shell is: Python then never turns it into KeyboardInterrupt, and `kill -INT` left the workers
+    running for good (a CI run under `... &` hung every test that stops a `daedalus worker` this way)."""
+
+    def on_signal(signum: signal.Signals) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        log.info("stopping", signal=signum.name)
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    for signum in STOPPING_SIGNALS:
+        loop.add_signal_handler(signum, on_signal, signum)
+
 
 async def _serve_forever(settings: Settings, hosts: list[str], control: bool, embedded: bool) -> None:
     # Workers pull in every activity's libraries: load them only here.
     from daedalus.stack import running_stack
     from daedalus.worker import settle_heap
 
-    # SIGTERM (systemd, docker stop, kill) and SIGHUP stop everything as Ctrl-C does: leaving the block below
-    # shuts the workers down and stops the embedded server, which would otherwise outlive us. Installed before
-    # anything starts, so a signal during start-up also ends in a clean stop.
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        loop.add_signal_handler(signum, stop.set)
+    stop_on_signals(stop)
     async with running_stack(settings, hosts=hosts, control=control, embedded=embedded) as stack:
         settle_heap()
         if stack.ui_url:
