@@ -23,7 +23,7 @@ STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 def stop_on_signals(stop: asyncio.Event) -> None:
     """Ctrl-C (SIGINT), SIGTERM (systemd, docker stop, kill) and SIGHUP all stop the stack: the first one sets
     `stop`, and leaving the running stack shuts the workers down and stops the embedded server, which would
-    otherwise outlive us; a second one does not wait for that (KeyboardInterrupt, as a second Ctrl-C always did).
+    otherwise outlive us; a second one interrupts that stop (KeyboardInterrupt, as a second Ctrl-C always did).
     Installed before anything starts, so a signal during start-up also ends in a clean stop.
 
     SIGINT is taken here even when this process was started with it ignored, as a background job of a
