@@ -16,8 +16,8 @@ from daedalus.errors import BadSettings, DevServerError
 
 log = structlog.get_logger()
 
-
-STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STACK_STOPPING_SIGNALS = (signal.SIGINT, *_common.STOPPING_SIGNALS)
+"""Every command stops on SIGTERM and SIGHUP as on Ctrl-C (`_common.run`); a running stack takes SIGINT itself."""
 
 
 def stop_on_signals(stop: asyncio.Event) -> None:
@@ -37,7 +37,7 @@ def stop_on_signals(stop: asyncio.Event) -> None:
         stop.set()
 
     loop = asyncio.get_running_loop()
-    for signum in STOPPING_SIGNALS:
+    for signum in STACK_STOPPING_SIGNALS:
         loop.add_signal_handler(signum, on_signal, signum)
 
 
