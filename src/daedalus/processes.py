@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import uuid
@@ -18,6 +19,20 @@ if TYPE_CHECKING:
     from daedalus.sandbox import Sandbox
 
 TAIL_BYTES = 4000
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def kill_me_with_parent(parent: int) -> Callable[[], None]:
+    """A preexec hook (runs in the child before exec): SIGKILL when the parent dies; exit at once if it already has."""
+
+    def hook() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return hook
 
 
 @dataclass(frozen=True)
