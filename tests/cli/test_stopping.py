@@ -1,13 +1,15 @@
 """A CLI command stopped with SIGTERM (or SIGHUP) leaves what it started as Ctrl-C does: `daedalus demo` killed
-this way used to leave its embedded Temporal and a gate's measurement running. `daedalus worker` stops on
-SIGINT even when it was started with SIGINT ignored (a background job of a non-interactive shell)."""
+this way used to leave its embedded Temporal and a gate's measurement running. A command, and `daedalus worker`,
+stop on SIGINT even when started with SIGINT ignored (a background job of a non-interactive shell)."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -37,18 +39,36 @@ run(main())
 """
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
-def test_a_stopped_command_leaves_its_context_and_its_children(signum: signal.Signals) -> None:
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as `cmd &` in a script starts it
+
+
+@pytest.mark.parametrize(
+    ("signum", "started"),
+    [(signal.SIGTERM, None), (signal.SIGHUP, None), (signal.SIGINT, _ignore_sigint)],
+    ids=["SIGTERM", "SIGHUP", "SIGINT-inherited-ignored"],
+)
+def test_a_stopped_command_leaves_its_context_and_its_children(
+    signum: signal.Signals, started: Callable[[], None] | None
+) -> None:
     command = subprocess.Popen(
-        [sys.executable, "-c", COMMAND], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+        [sys.executable, "-c", COMMAND], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=started,
+    )  # fmt: skip
     assert command.stdout is not None
     child = psutil.Process(int(command.stdout.readline()))
-    command.send_signal(signum)
-    _, stderr = command.communicate(timeout=30)
-    assert command.returncode == 128 + signum, stderr
-    assert f"stopped by {signum.name}" in stderr
-    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, "the command's child outlived it"
+    try:
+        command.send_signal(signum)
+        _, stderr = command.communicate(timeout=30)
+        assert command.returncode == 128 + signum, stderr
+        assert f"stopped by {signum.name}" in stderr
+        assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, (
+            "the command's child outlived it"
+        )
+    finally:
+        for process in (command, child):
+            with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+                process.kill()
 
 
 def test_a_worker_started_with_sigint_ignored_still_stops_on_it(

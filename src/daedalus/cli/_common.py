@@ -46,8 +46,12 @@ STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine; a TicketError becomes a clear message and exit code 2. SIGTERM and SIGHUP end it as
     Ctrl-C does (exit 128 + the signal): the coroutine is cancelled, so every `async with` it entered (the
-    embedded Temporal, the workers and the steps they run) is left in order and nothing it started outlives it."""
+    embedded Temporal, the workers and the steps they run) is left in order and nothing it started outlives it.
+    SIGINT does the same when the command was started with it ignored (a background job of a script): Python
+    then never turns it into KeyboardInterrupt, and `kill -INT` would go unheard."""
     stopped_by: list[signal.Signals] = []
+    sigint_ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    signals = (signal.SIGINT, *STOPPING_SIGNALS) if sigint_ignored else STOPPING_SIGNALS
 
     async def stoppable() -> T:
         task = asyncio.current_task()
@@ -59,7 +63,7 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
 
         if threading.current_thread() is threading.main_thread():  # signals reach only the main thread
             loop = asyncio.get_running_loop()
-            for signum in STOPPING_SIGNALS:
+            for signum in signals:
                 loop.add_signal_handler(signum, stop, signum)
         return await coroutine
 
