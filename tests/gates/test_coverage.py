@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from daedalus.gates import coverage
-from daedalus.gates.statistics import min_rounds, order_statistic_ranks, summarize
+from daedalus.gates.statistics import (
+    min_rounds,
+    order_statistic_ranks,
+    quantile_interval,
+    quantile_ranks,
+    summarize,
+)
 from daedalus.gates.verdicts import decide
 from daedalus.schemas.gates import GateMeasurement, GateSpec, Verdict
 
@@ -84,3 +90,28 @@ def test_kib_per_token_slope_interval_covers(dist: coverage.Distribution) -> Non
     for n in (5, 6, 8):
         simulated = coverage.slope_coverage(dist, n, NOMINAL, REPS, rng)
         assert simulated is not None and simulated >= NOMINAL - TOLERANCE - 0.02, (dist.name, n, simulated)
+
+
+LATENCY_LIKE = coverage.DISTRIBUTIONS[1:3]  # lognormal and exponential: skewed to the right, as latencies are
+TAIL_REPS = 4_000  # a p99 of 500 samples: 2M draws per cell; the Monte Carlo s.e. is 0.0043 at 92%
+
+
+@pytest.mark.parametrize("dist", LATENCY_LIKE, ids=lambda d: d.name)
+def test_a_p99_interval_covers_what_it_claims(dist: coverage.Distribution) -> None:
+    # bench/lifecycle.py's p99 with its 90% interval, at 125, 250 and 500 decides back to back.
+    rng = np.random.default_rng(4)
+    for n in (125, 250, 500):
+        simulated, claimed = coverage.quantile_coverage(dist, n, 0.99, NOMINAL, TAIL_REPS, rng)
+        error = 5 * np.sqrt(claimed * (1 - claimed) / TAIL_REPS)
+        assert claimed >= NOMINAL and abs(simulated - claimed) < error, (dist.name, n, simulated, claimed)
+
+
+def test_a_p99_of_too_few_samples_has_no_upper_bound() -> None:
+    # All n samples fall below the true p99 with probability 0.99^n: more than 5% until n = 299.
+    assert quantile_ranks(298, 0.99, NOMINAL).high is None
+    assert quantile_ranks(299, 0.99, NOMINAL).high == 299
+    assert quantile_ranks(500, 0.99, NOMINAL).high == 499
+    assert quantile_interval([float(x) for x in range(1, 501)], 0.99) == (491.0, 499.0)
+    # At q = 1/2 the ranks are the median interval's own.
+    ranks, median = quantile_ranks(30, 0.5, NOMINAL), order_statistic_ranks(30, NOMINAL)
+    assert median is not None and (ranks.low, ranks.high) == (median[0], 31 - median[0])

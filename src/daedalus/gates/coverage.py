@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from daedalus.gates.statistics import order_statistic_ranks
+from daedalus.gates.statistics import order_statistic_ranks, quantile_ranks
 
 Draw = Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]
 
@@ -68,6 +68,32 @@ def median_coverage(
     samples = np.sort(dist.draw(rng, (reps, n)), axis=1)
     m = true_median(dist)
     return float(np.mean((samples[:, r - 1] <= m) & (samples[:, n - r] >= m)))
+
+
+def true_quantile(dist: Distribution, q: float) -> float:
+    """The exact q-quantile of the two skewed, latency-like distributions."""
+    from scipy import stats
+
+    exact = {
+        "lognormal(sigma=1), skewed": lambda: stats.lognorm.ppf(q, 1.0),
+        "exponential, skewed": lambda: stats.expon.ppf(q),
+    }
+    if dist.name not in exact:
+        raise ValueError(f"no closed-form quantile for {dist.name}")
+    return float(exact[dist.name]())
+
+
+def quantile_coverage(
+    dist: Distribution, n: int, q: float, confidence: float, reps: int, rng: np.random.Generator
+) -> tuple[float, float]:
+    """Coverage of the order-statistic interval for the q-quantile (a side the data cannot bound counts as
+    unbounded), and the coverage `quantile_ranks` claims for it."""
+    ranks = quantile_ranks(n, q, confidence)
+    samples = np.sort(dist.draw(rng, (reps, n)), axis=1)
+    truth = true_quantile(dist, q)
+    below = samples[:, ranks.low - 1] <= truth if ranks.low else np.ones(reps, dtype=bool)
+    above = samples[:, ranks.high - 1] >= truth if ranks.high else np.ones(reps, dtype=bool)
+    return float(np.mean(below & above)), ranks.achieved
 
 
 def paired_ratio_coverage(

@@ -1,4 +1,4 @@
-"""Intervals a gate can trust: the median's order-statistic interval, Clopper-Pearson, and stated errors.
+"""Intervals a gate can trust: order-statistic intervals (the median, any quantile), Clopper-Pearson, stated errors.
 
 Every interval here keeps its promise; `bench/coverage.py` and tests/gates/test_coverage.py check it by
 simulation. The percentile bootstrap this module used before covered ~75% at n=3 when it claimed 90%.
@@ -51,6 +51,49 @@ def order_statistic_ranks(n: int, confidence: float) -> tuple[int, float] | None
             break
         best = (r, coverage)
     return best
+
+
+@dataclass(frozen=True)
+class QuantileRanks:
+    """1-based ranks of the order statistics that bound a quantile, and the interval's exact coverage.
+
+    `low`/`high` are None where the sample cannot bound the quantile on that side: a p99 of 250 samples has
+    no 90% upper bound, because all 250 fall below the true p99 with probability 0.99^250 = 8% > 5%."""
+
+    low: int | None
+    high: int | None
+    achieved: float
+
+
+def quantile_ranks(n: int, q: float, confidence: float) -> QuantileRanks:
+    """The equal-tailed distribution-free interval x_(low) <= quantile q <= x_(high) of n samples.
+
+    The number K of samples below the true q-quantile is Binomial(n, q) for any continuous distribution, and
+    P(x_(l) <= xi_q <= x_(u)) = P(l <= K <= u - 1): each bound is the innermost rank whose tail is at most
+    (1 - confidence) / 2. It generalizes `order_statistic_ranks` (q = 1/2) to a latency's p99."""
+    if not 0 < q < 1 or n < 1:
+        raise ValueError(f"need 0 < q < 1 and n >= 1; got q={q}, n={n}")
+    from scipy import stats
+
+    tail = (1.0 - confidence) / 2
+    below = stats.binom(n, q).cdf  # below(k) = P(K <= k)
+    lows = [r for r in range(1, n + 1) if below(r - 1) <= tail]
+    highs = [r for r in range(1, n + 1) if 1.0 - below(r - 1) <= tail]
+    low, high = (lows[-1] if lows else None), (highs[0] if highs else None)
+    achieved = (below(high - 1) if high else 1.0) - (below(low - 1) if low else 0.0)
+    return QuantileRanks(low, high, float(achieved))
+
+
+def quantile_interval(
+    samples: list[float], q: float, confidence: float = 0.90
+) -> tuple[float | None, float | None]:
+    """The sample's distribution-free interval for its q-quantile (None: the data cannot bound that side)."""
+    values = sorted(samples)
+    ranks = quantile_ranks(len(values), q, confidence)
+    return (
+        values[ranks.low - 1] if ranks.low else None,
+        values[ranks.high - 1] if ranks.high else None,
+    )
 
 
 def min_rounds(confidence: float) -> int:
