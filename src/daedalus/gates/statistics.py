@@ -76,11 +76,12 @@ def quantile_ranks(n: int, q: float, confidence: float) -> QuantileRanks:
     from scipy import stats
 
     tail = (1.0 - confidence) / 2
-    below = stats.binom(n, q).cdf  # below(k) = P(K <= k)
-    lows = [r for r in range(1, n + 1) if below(r - 1) <= tail]
-    highs = [r for r in range(1, n + 1) if 1.0 - below(r - 1) <= tail]
-    low, high = (lows[-1] if lows else None), (highs[0] if highs else None)
-    achieved = (below(high - 1) if high else 1.0) - (below(low - 1) if low else 0.0)
+    below = stats.binom.cdf(np.arange(n), n, q)  # below[r - 1] = P(K <= r - 1) for rank r
+    lows = np.flatnonzero(below <= tail)
+    highs = np.flatnonzero(1.0 - below <= tail)
+    low = int(lows[-1]) + 1 if lows.size else None
+    high = int(highs[0]) + 1 if highs.size else None
+    achieved = (below[high - 1] if high else 1.0) - (below[low - 1] if low else 0.0)
     return QuantileRanks(low, high, float(achieved))
 
 
