@@ -100,7 +100,7 @@ def p99_interval(rng: np.random.Generator) -> dict[str, dict[str, object]]:
     for column in ("sampling distribution", "n", "ranks (low, high)", "claimed", "simulated"):
         table.add_column(column, justify="right")
     cells: dict[str, dict[str, object]] = {}
-    for dist in coverage.DISTRIBUTIONS[1:3]:
+    for dist in coverage.LATENCY_LIKE:
         for n in P99_NS:
             ranks = quantile_ranks(n, 0.99, NOMINAL)
             simulated, claimed = coverage.quantile_coverage(dist, n, 0.99, NOMINAL, P99_REPS, rng)

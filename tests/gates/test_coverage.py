@@ -92,11 +92,10 @@ def test_kib_per_token_slope_interval_covers(dist: coverage.Distribution) -> Non
         assert simulated is not None and simulated >= NOMINAL - TOLERANCE - 0.02, (dist.name, n, simulated)
 
 
-LATENCY_LIKE = coverage.DISTRIBUTIONS[1:3]  # lognormal and exponential: skewed to the right, as latencies are
 TAIL_REPS = 4_000  # a p99 of 500 samples: 2M draws per cell; the Monte Carlo s.e. is 0.0043 at 92%
 
 
-@pytest.mark.parametrize("dist", LATENCY_LIKE, ids=lambda d: d.name)
+@pytest.mark.parametrize("dist", coverage.LATENCY_LIKE, ids=lambda d: d.name)
 def test_a_p99_interval_covers_what_it_claims(dist: coverage.Distribution) -> None:
     # bench/lifecycle.py's p99 with its 90% interval, at 125, 250 and 500 decides back to back.
     rng = np.random.default_rng(4)
