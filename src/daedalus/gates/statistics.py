@@ -70,7 +70,8 @@ def quantile_ranks(n: int, q: float, confidence: float) -> QuantileRanks:
 
     The number K of samples below the true q-quantile is Binomial(n, q) for any continuous distribution, and
     P(x_(l) <= xi_q <= x_(u)) = P(l <= K <= u - 1): each bound is the innermost rank whose tail is at most
-    (1 - confidence) / 2. It generalizes `order_statistic_ranks` (q = 1/2) to a latency's p99."""
+    (1 - confidence) / 2. It generalizes `order_statistic_ranks` (q = 1/2) to a latency's p99; the gates keep
+    that one, exact in integers, because scipy costs a second to import on the path of every gate."""
     if not 0 < q < 1 or n < 1:
         raise ValueError(f"need 0 < q < 1 and n >= 1; got q={q}, n={n}")
     from scipy import stats
