@@ -91,9 +91,11 @@ async def running_workers(
     slack: SlackSettings | None = None,
     agent: AgentSettings | None = None,
     sandboxed: bool = True,
+    hosts_file: Path | None = None,
 ) -> AsyncIterator[None]:
     config = WorkerConfig(
         sandboxed=sandboxed,
+        hosts_file=hosts_file,
         slack=slack or SlackSettings(),
         agent=agent or AgentSettings(),
         control_queue=control_queue,

@@ -93,6 +93,8 @@ class WorkerConfig:
     """The engine cache; None leaves the process's as its entry point configured it (a test session's)."""
     fail_workflows_on_bugs: bool = False
     """Tests set this so a workflow bug fails the run at once instead of retrying its task forever."""
+    hosts_file: Path | None = None
+    """The host registry: the report digest names the tickets stuck on a host no worker polls (None: it does not)."""
     inactive_patches: frozenset[str] = frozenset()
     """`workflow.patched` ids this worker does not switch on for new workflows (they keep the old commands): during
     a rolling deploy, until every worker knows the patch; and for measuring a change against the code before it."""
@@ -109,6 +111,7 @@ class WorkerConfig:
             engines=settings.engines,
             max_cached_workflows=settings.temporal.workflow_cache,
             sandboxed=settings.temporal.sandbox,
+            hosts_file=settings.hosts_file,
         )
 
 
@@ -118,7 +121,7 @@ def control_worker(client: Client, config: WorkerConfig, engine: Engine) -> Work
     notify = NotifyActivities(config.slack, config.artifacts / "slack-posted")
     keepers, leases = KeeperStoreActivities(engine), LeaseActivities()
     lessons = LessonActivities(engine)
-    report = ReportActivities(engine, config.slack, config.artifacts)
+    report = ReportActivities(engine, config.slack, config.artifacts, config.hosts_file)
     campaigns = CampaignStoreActivities(engine)
     return Worker(
         client,

@@ -87,6 +87,7 @@ def build_report(
         pending=pending,
         decided=decided,
         lessons=lessons,
+        waiting_on_hosts=dict(waiting_on_hosts or {}),
     )
 
 

@@ -202,6 +202,8 @@ class Report:
     lessons: list[LessonRow]
     narrative: list[str] = field(default_factory=list)
     narrative_note: str = ""
+    waiting_on_hosts: dict[str, str] = field(default_factory=dict)
+    """Ticket id -> line, for every ticket stuck on a host no worker polls: also those unchanged in the window."""
 
     def all_tickets(self) -> list[TicketView]:
         out: list[TicketView] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 
 from daedalus.report.model import Report
 
@@ -24,12 +25,19 @@ def summary_text(report: Report, link: str = "") -> str:
     if report.training:
         lines.append(f"Training runs: {len(report.training)}, {deaths} deaths")
     lines.append(f"Decisions waiting: {len(report.pending)}; decided in the window: {len(report.decided)}")
-    for request in report.pending[:MAX_WAITING_LINES]:
-        lines.append(f"• {request.request_id} ({', '.join(request.deciders)}): {request.question}")
-    if len(report.pending) > MAX_WAITING_LINES:
-        lines.append(f"• and {len(report.pending) - MAX_WAITING_LINES} more")
+    lines += bullets(f"{r.request_id} ({', '.join(r.deciders)}): {r.question}" for r in report.pending)
+    if report.waiting_on_hosts:
+        lines.append(f"Waiting on a host no worker polls: {len(report.waiting_on_hosts)}")
+        lines += bullets(f"{ticket}: {line}" for ticket, line in sorted(report.waiting_on_hosts.items()))
     if report.lessons:
         lines.append(f"Lessons recorded: {len(report.lessons)}")
     if link:
         lines.append(f"<{link}|Full report>")
     return "\n".join(lines)
+
+
+def bullets(items: Iterable[str]) -> list[str]:
+    """The first MAX_WAITING_LINES items as bullets, and how many more there are."""
+    shown = list(items)
+    more = len(shown) - MAX_WAITING_LINES
+    return [f"• {item}" for item in shown[:MAX_WAITING_LINES]] + ([f"• and {more} more"] if more > 0 else [])
