@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import getpass
 import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -10,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from daedalus.cli._common import run
+from daedalus.cli._common import client, registry, run
 from daedalus.engines import measure as measure_module
 from daedalus.engines.bench import Side, benchmark
 from daedalus.engines.llama_build import BACKENDS, Backend, BuildConfig, build_llama_cpp
@@ -19,9 +22,16 @@ from daedalus.engines.paths import default_llama_source
 from daedalus.engines.presets import load_preset
 from daedalus.engines.runner import launched
 from daedalus.engines.tiny_model import MODELS, ensure_model
-from daedalus.errors import EngineError
+from daedalus.errors import EngineError, LeaseError, RegistryError
 from daedalus.escaping import for_terminal
-from daedalus.schemas.engines import Workload
+from daedalus.hosts import holder
+from daedalus.hosts.leases import LeaseRequest, PresetFacts
+from daedalus.schemas.engines import LlamaCppPreset, VllmPreset, Workload
+from daedalus.schemas.gates import LeaseRecord
+
+Preset = LlamaCppPreset | VllmPreset
+OPERATOR_LEASE_PRIORITY = 50
+"""An operator's run queues with a leased step's default: behind a ticket's gates only by arrival, above training."""
 
 app = typer.Typer(add_completion=False, help="Build, launch, benchmark and probe inference engines.")
 app.command("measure", help="Measure one gate metric; prints a GateMeasurement JSON.")(measure_module.main)
@@ -67,6 +77,40 @@ def build(
     typer.echo(result.bin_dir)
 
 
+@asynccontextmanager
+async def operator_lease(
+    host: str | None, gpus: list[int] | None, preset: Preset
+) -> AsyncIterator[Callable[[Preset], Preset]]:
+    """An operator's engine run on `host` under a lease on its GPUs (all unless `gpus`), for the whole block: it
+    waits its turn behind other holders, is refused as a ticket's launch would be (the host's standing
+    constraints check `preset`), and stops with LeaseLost when the lease is revoked or expires. Yields what
+    makes a preset see only the leased GPUs. Without a host: no lease, presets unchanged."""
+    if host is None:
+        yield lambda p: p
+        return
+    spec = registry().host(host)
+    if spec.gpus.count == 0:
+        raise LeaseError(
+            f"host {host} declares no GPUs in the registry: there is nothing to lease; leave out --host"
+        )
+    wanted = gpus or list(range(spec.gpus.count))
+    if len(set(wanted)) != len(wanted):
+        raise LeaseError(f"--gpu names a GPU more than once ({wanted}): name each once")
+    request = LeaseRequest(
+        lease_id=f"operator-{getpass.getuser()}-{uuid.uuid4().hex[:8]}",
+        holder=f"{getpass.getuser()}: daedalus engine bench {preset.name}",
+        purpose="benchmark",
+        gpus=wanted,
+        priority=OPERATOR_LEASE_PRIORITY,
+        preset=PresetFacts(engine=preset.engine, name=preset.name, fields=preset.model_dump(mode="json")),
+    )
+    console.print(f"asking host {host}'s lease keeper for GPUs {request.gpus} (lease {request.lease_id})")
+    async with holder.holding(await client(), host, request) as held:
+        env = LeaseRecord(lease_id=request.lease_id, host=host, gpus=held.gpus).environment()
+        console.print(f"holding GPUs {held.gpus} of host {host}")
+        yield lambda p: p.model_copy(update={"env": {**p.env, **env}})
+
+
 @app.command()
 def model(name: Annotated[str, typer.Argument(help=f"one of {', '.join(MODELS)}")] = "tiny") -> None:
     """Write (or reuse) a tiny random-weight GGUF model and print its path."""
@@ -85,13 +129,31 @@ def bench(
     users: Annotated[list[int] | None, typer.Option(help="concurrent users (repeatable)")] = None,
     rounds: Annotated[int, typer.Option(min=1)] = 7,
     max_tokens: Annotated[int, typer.Option(min=2)] = 64,
+    host: Annotated[
+        str | None,
+        typer.Option(
+            help="a host of the registry (DAEDALUS_HOSTS_FILE): hold a lease on its GPUs for the whole run, the "
+            "engines seeing only those (CUDA_VISIBLE_DEVICES); without it no lease is taken, which suits only a "
+            "machine nobody else schedules work on"
+        ),
+    ] = None,
+    gpu: Annotated[
+        list[int] | None,
+        typer.Option(help="with --host: this GPU index (repeatable); default all of the host's"),
+    ] = None,
 ) -> None:
     """Benchmark a preset and print a table; INVALID runs say why."""
     workload = Workload(users=users or [1, 4, 8], rounds=rounds, max_tokens=max_tokens)
+    if gpu and host is None:
+        raise typer.BadParameter("--gpu picks GPUs of a leased host: give --host too", param_hint="--gpu")
 
     async def measure() -> None:
         cand = load_preset(preset)
         base = load_preset(baseline_preset) if baseline_preset else None
+        async with operator_lease(host, gpu, cand) as leased:
+            await bench_presets(leased(cand), leased(base) if base else None)
+
+    async def bench_presets(cand: Preset, base: Preset | None) -> None:
         build_ = await ensure_build(config=build_config_for(cand, base))
         workdir = Path(f"/tmp/daedalus-bench-{uuid.uuid4().hex[:8]}")
         async with launched(cand, model, workdir / "candidate", build=build_) as server:
@@ -124,6 +186,6 @@ def bench(
 
     try:
         run(measure())
-    except EngineError as exc:
+    except (EngineError, LeaseError, RegistryError) as exc:
         console.print(f"[red]error:[/red] {for_terminal(exc)}")
         raise typer.Exit(2) from None
