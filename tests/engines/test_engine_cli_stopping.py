@@ -9,15 +9,11 @@ import time
 from pathlib import Path
 
 import psutil
+from tests.engines.children import serving_llama_servers
 
 from daedalus.engines.llama_build import LlamaBuild
 
 DAEDALUS = str(Path(sys.executable).parent / "daedalus")
-
-
-def _servers(command: subprocess.Popen[str]) -> list[psutil.Process]:
-    children = psutil.Process(command.pid).children(recursive=True)
-    return [child for child in children if child.name().startswith("llama-server")]
 
 
 def test_a_stopped_engine_bench_stops_its_server(llama_build: LlamaBuild, tiny_model: Path) -> None:
@@ -29,7 +25,7 @@ def test_a_stopped_engine_bench_stops_its_server(llama_build: LlamaBuild, tiny_m
     )
     try:
         deadline = time.monotonic() + 120
-        while not (servers := _servers(command)):
+        while not (servers := serving_llama_servers(command.pid)):
             assert command.poll() is None, command.communicate()
             assert time.monotonic() < deadline, "no llama-server started"
             time.sleep(0.2)

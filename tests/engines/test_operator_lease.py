@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import yaml
 from temporalio.client import Client
+from tests.engines.children import serving_llama_servers
 from tests.hosts.keeper_support import running_keeper
 
 from daedalus.engines.llama_build import LlamaBuild
@@ -41,8 +42,7 @@ def bench(model: Path, *extra: str) -> list[str]:
 async def llama_servers(command: subprocess.Popen[str], timeout: float = 120) -> list[psutil.Process]:
     deadline = time.monotonic() + timeout
     while True:
-        children = psutil.Process(command.pid).children(recursive=True)
-        servers = [child for child in children if child.name().startswith("llama-server")]
+        servers = serving_llama_servers(command.pid)
         if servers:
             return servers
         assert command.poll() is None, command.communicate()
