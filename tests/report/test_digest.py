@@ -106,6 +106,9 @@ async def test_schedule_posts_a_summary_with_a_link(
     assert f"<{LINK}|Full report>" in text
     latest = tmp_path / "artifacts" / "reports" / "latest.html"
     assert latest.is_file() and latest.read_text().count("<svg") == 3
+    assert "Waiting on a host no worker polls" in latest.read_text(), (
+        "the full report names what the digest does"
+    )
 
 
 async def test_digest_posts_once_per_run_and_says_when_slack_is_off(

@@ -45,6 +45,8 @@ def cell(text: object) -> str:
 
 def sections(report: Report, *, with_charts: bool = True) -> list[Section]:
     out = [_cards(report), _tickets(report, with_charts)]
+    if report.waiting_on_hosts:
+        out.append(_waiting_on_hosts(report))
     if report.campaigns:
         out.append(_campaigns(report, with_charts))
     if report.training:
@@ -126,6 +128,14 @@ def _tickets(report: Report, with_charts: bool) -> Section:
     for view in report.tickets:
         one(view, 0)
     return Section("tickets", "Tickets", parts)
+
+
+def _waiting_on_hosts(report: Report) -> Section:
+    """Every ticket stuck on a host no worker polls, also one that has not changed in the window."""
+    lines = [
+        f"- **{cell(ticket)}**: {cell(line)}" for ticket, line in sorted(report.waiting_on_hosts.items())
+    ]
+    return Section("waiting-on-hosts", "Waiting on a host no worker polls", [Part("\n".join(lines))])
 
 
 def _campaigns(report: Report, with_charts: bool) -> Section:
