@@ -118,7 +118,7 @@ async def test_a_preset_the_hosts_constraints_forbid_is_refused_before_anything_
         for wrong, says in (
             (["--host", "nowhere"], "nowhere"),
             (["--gpu", "1"], "give --host too"),
-            (["--host", keeper.host, "--gpu", "1", "--gpu", "1"], "more than once"),
+            (["--host", keeper.host, "--gpu", "1", "--gpu", "1"], "must be distinct indices"),
         ):
             done = await asyncio.to_thread(
                 subprocess.run, bench(tiny_model, *wrong), env=env, capture_output=True, text=True, timeout=60

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
@@ -93,17 +94,18 @@ async def operator_lease(
         raise LeaseError(
             f"host {host} declares no GPUs in the registry: there is nothing to lease; leave out --host"
         )
-    wanted = gpus or list(range(spec.gpus.count))
-    if len(set(wanted)) != len(wanted):
-        raise LeaseError(f"--gpu names a GPU more than once ({wanted}): name each once")
-    request = LeaseRequest(
-        lease_id=f"operator-{getpass.getuser()}-{uuid.uuid4().hex[:8]}",
-        holder=f"{getpass.getuser()}: daedalus engine bench {preset.name}",
-        purpose="benchmark",
-        gpus=wanted,
-        priority=OPERATOR_LEASE_PRIORITY,
-        preset=PresetFacts(engine=preset.engine, name=preset.name, fields=preset.model_dump(mode="json")),
-    )
+    try:
+        request = LeaseRequest(
+            lease_id=f"operator-{getpass.getuser()}-{uuid.uuid4().hex[:8]}",
+            holder=f"{getpass.getuser()}: daedalus engine bench {preset.name}",
+            purpose="benchmark",
+            gpus=gpus or list(range(spec.gpus.count)),
+            priority=OPERATOR_LEASE_PRIORITY,
+            preset=PresetFacts(engine=preset.engine, name=preset.name, fields=preset.model_dump(mode="json")),
+        )
+    except ValidationError as error:  # --gpu naming a GPU twice
+        problems = "; ".join(str(problem["msg"]) for problem in error.errors())
+        raise LeaseError(f"no lease can be asked for with --gpu {gpus}: {problems}") from error
     console.print(f"asking host {host}'s lease keeper for GPUs {request.gpus} (lease {request.lease_id})")
     async with holder.holding(await client(), host, request) as held:
         env = LeaseRecord(lease_id=request.lease_id, host=host, gpus=held.gpus).environment()

@@ -54,9 +54,6 @@ def build_report(
         )
     )
     views = {t.ticket_id: _ticket_view(session, t) for t in tickets}
-    for ticket_id, line in (waiting_on_hosts or {}).items():
-        if ticket_id in views:
-            views[ticket_id].waiting_on_host = line
     roots: list[TicketView] = []
     for ticket in tickets:
         parent = views.get(ticket.parent) if ticket.parent else None

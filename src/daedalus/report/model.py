@@ -93,8 +93,6 @@ class TicketView:
     gates: list[GateView]
     decisions: list[DecisionRow]
     children: list[TicketView] = field(default_factory=list)
-    waiting_on_host: str = ""
-    """Set while its step is queued on a host no worker polls (see hosts.status.waiting_on_hosts)."""
 
     @property
     def headline(self) -> str:
@@ -230,7 +228,7 @@ class Report:
             lines.append(
                 f"ticket {ticket.ticket_id} '{ticket.title}': {ticket.status}"
                 + (f"; {gates}" if gates else "")
-                + (f"; {view.waiting_on_host}" if view.waiting_on_host else "")
+                + (f"; {stuck}" if (stuck := self.waiting_on_hosts.get(ticket.ticket_id)) else "")
             )
         for run in self.training:
             lines.append(f"training {run.run}: {run.state}, {len(run.deaths)} deaths")

@@ -78,7 +78,7 @@ def _tickets(report: Report, with_charts: bool) -> Section:
             f"engine {cell(t.engine or '-')}, agent {cell(t.agent or '-')}."
             + (f" Outcome: {cell(t.outcome_reason)}." if t.outcome_reason else "")
             + (f" Waiting for {cell(t.awaiting)}." if t.awaiting else "")
-            + (f" **{cell(view.waiting_on_host)}.**" if view.waiting_on_host else "")
+            + (f" **{cell(stuck)}.**" if (stuck := report.waiting_on_hosts.get(t.ticket_id)) else "")
         )
         if view.gates:
             lines.extend(
