@@ -53,20 +53,24 @@ class Workspace:
 
         A ticket id filed again after its earlier workflow closed must not find that filing's result, worktree
         or branch and take them for its own: they are set aside (renamed with the old filing's id), not deleted.
+        So is a worktree or branch no filing's marker claims (a claim that failed half-way), and a worktree left
+        by a repo that was since replaced (the demo's, made anew on each run), which git cannot remove.
         """
         artifacts = self.artifacts / "tickets" / ticket_id / f"attempt-{attempt}"
         marker = artifacts / FILING_MARKER
         owner = marker.read_text().strip() if marker.exists() else None
         if owner == filing:
             return
-        if owner is not None or artifacts.exists():
-            suffix = (owner or "earlier")[:8]
+        suffix = (owner or "earlier")[:8]
+        if artifacts.exists():
             artifacts.rename(artifacts.with_name(f"{artifacts.name}.{suffix}"))
-            worktree, branch = self.worktree(ticket_id, attempt), wt.branch_name(ticket_id, attempt)
-            if worktree.exists():
-                wt.git("worktree", "remove", "--force", str(worktree), cwd=repo)
-            if wt.branch_exists(repo, branch):
-                wt.git("branch", "-m", branch, f"{branch}.{suffix}", cwd=repo)
+        worktree, branch = self.worktree(ticket_id, attempt), wt.branch_name(ticket_id, attempt)
+        if wt.is_worktree_of(repo, worktree):
+            wt.git("worktree", "remove", "--force", str(worktree), cwd=repo)
+        elif worktree.exists():
+            worktree.rename(worktree.with_name(f"{worktree.name}.{suffix}"))
+        if wt.branch_exists(repo, branch):
+            wt.git("branch", "-m", branch, f"{branch}.{suffix}", cwd=repo)
         artifacts.mkdir(parents=True, exist_ok=True)
         marker.write_text(filing)
 

@@ -34,6 +34,12 @@ def prepare_worktree(*, repo: Path, base_commit: str, worktree: Path, branch: st
     return base
 
 
+def is_worktree_of(repo: Path, path: Path) -> bool:
+    """Whether `path` is one of `repo`'s registered worktrees (a directory left by another repo is not)."""
+    listed = git("worktree", "list", "--porcelain", cwd=repo).splitlines()
+    return f"worktree {path.resolve()}" in listed
+
+
 def branch_exists(repo: Path, branch: str) -> bool:
     probe = ["git", "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}"]
     return subprocess.run(probe, cwd=repo, capture_output=True).returncode == 0
