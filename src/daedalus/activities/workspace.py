@@ -65,11 +65,12 @@ class Workspace:
         if artifacts.exists():
             artifacts.rename(artifacts.with_name(f"{artifacts.name}.{suffix}"))
         worktree, branch = self.worktree(ticket_id, attempt), wt.branch_name(ticket_id, attempt)
-        if wt.is_worktree_of(repo, worktree):
+        made = repo.exists()  # a host's mirror of a URL is made by the attempt's sync, after this
+        if made and wt.is_worktree_of(repo, worktree):
             wt.git("worktree", "remove", "--force", str(worktree), cwd=repo)
         elif worktree.exists():
             worktree.rename(worktree.with_name(f"{worktree.name}.{suffix}"))
-        if wt.branch_exists(repo, branch):
+        if made and wt.branch_exists(repo, branch):
             wt.git("branch", "-m", branch, f"{branch}.{suffix}", cwd=repo)
         artifacts.mkdir(parents=True, exist_ok=True)
         marker.write_text(filing)
