@@ -124,3 +124,27 @@ def test_bad_spec_files_are_refused_with_the_field_path(tmp_path: Path, text: st
     path.write_text(text)
     with pytest.raises(TicketError, match=words.replace("[", r"\[")):
         load_spec(path)
+
+
+def test_the_demo_tickets_patch_applies_and_gives_presets_its_gates_can_launch(tmp_path: Path) -> None:
+    """What `make demo` runs: the scripted agent's patch applies to the demo's serving-config repo, and every
+    preset its gates name is valid after it (a broken patch or preset would only show minutes into the demo)."""
+    import shutil
+    import subprocess
+
+    from daedalus.schemas.engines import LlamaCppPreset
+
+    spec = load_spec(EXAMPLES / "tickets" / "local-4.yaml")
+    assert spec.agent is not None and spec.agent.patch
+    repo = tmp_path / "serving-config"
+    shutil.copytree(EXAMPLES / "demo" / "serving-config", repo)
+    (tmp_path / "spec.patch").write_text(spec.agent.patch)
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run(["git", "apply", "--check", str(tmp_path / "spec.patch")], cwd=repo, check=True)
+    subprocess.run(["git", "apply", str(tmp_path / "spec.patch")], cwd=repo, check=True)
+    for gate in spec.gates:
+        options = _command_options(gate.command)
+        assert gate.kind.value == "ab" or gate.metric.value == "temp0_identity", gate.name
+        candidate, baseline = (load_preset(repo / options[flag]) for flag in ("--preset", "--baseline-preset"))
+        assert isinstance(candidate, LlamaCppPreset) and isinstance(baseline, LlamaCppPreset)
+        assert candidate.draft is not None and baseline.draft is None, "speculative vs plain decoding"

@@ -45,6 +45,20 @@ async def test_speculative_self_draft_is_identical_to_plain_decoding(
     assert metrics["llamacpp:spec_decode_num_draft_tokens_total"] > 0, "the draft model really drafted"
 
 
+async def test_speculative_ngram_lookup_drafts_and_is_identical_to_plain_decoding(
+    llama_build: LlamaBuild, small_model: Path, tmp_path: Path
+) -> None:
+    async with (
+        launched(_preset("local-spec-ngram"), small_model, tmp_path / "ngram", build=llama_build) as spec,
+        launched(_preset("local-f16"), small_model, tmp_path / "ar", build=llama_build) as ar,
+    ):
+        result = await temp0_identity(spec, ar, probes=identity_probes(8))
+        metrics = await spec.metrics()
+    assert "--spec-type ngram-simple" in " ".join(spec.process.argv)
+    assert result.passed and result.identical + result.near_ties == result.prompts, result.detail
+    assert metrics["llamacpp:spec_decode_num_draft_tokens_total"] > 0, "the n-gram lookup really drafted"
+
+
 async def test_q8_kv_against_f16_follows_the_near_tie_rule(
     llama_build: LlamaBuild, small_model: Path, tmp_path: Path
 ) -> None:

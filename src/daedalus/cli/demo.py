@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -43,6 +44,14 @@ FILER = "demo"
 
 def demo(
     ticket: Annotated[Path, typer.Option("-f", "--file", help="the ticket to run")] = DEMO_TICKET,
+    wait_for_wayne: Annotated[
+        float,
+        typer.Option(
+            "--wait-for-wayne",
+            min=0,
+            help="seconds to wait for wayne's answer when the ticket escalates, then stop (it stays open)",
+        ),
+    ] = 600,
 ) -> None:
     """Run the local example ticket through dispatch, build, gates and close; print its audit trail."""
     from daedalus.engines.measure import ensure_build  # the engine stack loads only when a command needs it
@@ -75,9 +84,11 @@ def demo(
     )
     embedded = not port_is_open(settings.temporal.port) and settings.temporal.address is None
     try:
-        state = run(_drive(spec, settings, embedded, policy, policy_file))
+        state = run(_drive(spec, settings, embedded, policy, policy_file, wait_for_wayne))
     except DevServerError as error:
         fail(str(error))
+    except StillWaiting as waiting:
+        fail(str(waiting))
     console.rule(f"[bold]ticket {state.spec.id} closed: {state.status.value}")
 
 
@@ -106,8 +117,17 @@ def _with_demo_repo(spec: TicketSpec, settings: Settings) -> TicketSpec:
     return spec.model_copy(update={"engine": spec.engine.model_copy(update={"repo": str(repo)})})
 
 
+class StillWaiting(Exception):
+    """The ticket escalated and nobody answered within the demo's wait; it stays open in the store."""
+
+
 async def _drive(
-    spec: TicketSpec, settings: Settings, embedded: bool, policy: Policy, policy_file: Path
+    spec: TicketSpec,
+    settings: Settings,
+    embedded: bool,
+    policy: Policy,
+    policy_file: Path,
+    wait_for_wayne: float,
 ) -> TicketState:
     from daedalus.stack import running_stack
 
@@ -129,6 +149,7 @@ async def _drive(
         assert stack.engine is not None
         result_task = asyncio.ensure_future(handle.result())
         seen = 0
+        escalated: dict[str, float] = {}  # request id -> when the demo stops waiting for it
         while not result_task.done():
             seen = _print_new_events(stack.engine, handle.id, seen)
             state = await tickets.status(stack.client, spec.id)
@@ -147,13 +168,23 @@ async def _drive(
                     policy=policy,
                 )
             elif request is not None and request.kind is DecisionKind.ESCALATION:
-                console.print(f"   [yellow]escalated to wayne[/yellow]: {shown(request.question)}")
-                console.print(
-                    shown(
-                        f"   answer with: daedalus decide {request.id} <option> --as wayne   "
-                        f"(options {request.options})"
+                if request.id not in escalated:
+                    escalated[request.id] = time.monotonic() + wait_for_wayne
+                    console.print(f"   [yellow]escalated to wayne[/yellow]: {shown(request.question)}")
+                    console.print(
+                        shown(
+                            f"   answer in another terminal within {wait_for_wayne:g}s: "
+                            f".venv/bin/daedalus decide {request.id} <option> --as wayne   "
+                            f"(options: {', '.join(request.options)})"
+                        )
                     )
-                )
+                elif time.monotonic() > escalated[request.id]:
+                    result_task.cancel()
+                    raise StillWaiting(
+                        f"ticket {spec.id} is waiting for wayne ({request.id}) and nobody answered within "
+                        f"{wait_for_wayne:g}s; it stays open under {settings.home}: run `.venv/bin/daedalus up`, "
+                        f"then `.venv/bin/daedalus decide {request.id} <option> --as wayne`"
+                    )
             await asyncio.wait({result_task}, timeout=0.5)
         final: TicketState = result_task.result()
         _print_new_events(stack.engine, handle.id, seen)

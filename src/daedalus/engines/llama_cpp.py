@@ -85,7 +85,13 @@ class LlamaCppAdapter(EngineAdapter):
             argv += ["--batch-size", str(p.batch_size)]
         if p.ubatch_size is not None:
             argv += ["--ubatch-size", str(p.ubatch_size)]
-        if p.draft is not None:
+        if p.draft is not None and p.draft.method == "ngram-simple":
+            argv += [
+                "--spec-type", "ngram-simple",
+                "--spec-ngram-simple-size-n", str(p.draft.ngram_size),
+                "--spec-ngram-simple-size-m", str(p.draft.draft_max),
+            ]  # fmt: skip
+        elif p.draft is not None:
             draft_model = model if p.draft.model == "self" else Path(p.draft.model)
             # Without an explicit type this llama.cpp loads the draft model but never drafts.
             argv += [

@@ -45,12 +45,15 @@ class ABResidency(StrEnum):
 
 
 class DraftSpec(Model):
-    """llama.cpp speculative decoding with a draft model; `self` drafts with the target model itself."""
+    """llama.cpp speculative decoding: with a draft model (`self` drafts with the target model itself), or by
+    n-gram lookup in the sequence so far (`method: ngram-simple`: no second model, so no draft pass to pay for)."""
 
-    model: Literal["self"] | Path = "self"
-    draft_max: int = Field(default=8, ge=1, le=64)
-    draft_min: int = Field(default=0, ge=0)
-    p_min: float = Field(default=0.0, ge=0.0, le=1.0)
+    method: Literal["draft-simple", "ngram-simple"] = "draft-simple"
+    model: Literal["self"] | Path = Field(default="self", description="draft-simple: the draft model")
+    draft_max: int = Field(default=8, ge=1, le=64, description="tokens drafted per step (ngram: the m-gram)")
+    draft_min: int = Field(default=0, ge=0, description="draft-simple: the fewest tokens worth drafting")
+    p_min: float = Field(default=0.0, ge=0.0, le=1.0, description="draft-simple: the least draft probability")
+    ngram_size: int = Field(default=12, ge=1, le=64, description="ngram-simple: the lookup n-gram's length")
 
 
 class LlamaCppPreset(Model):
