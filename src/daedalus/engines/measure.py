@@ -20,6 +20,7 @@ import typer
 from daedalus.engines.bench import Launch, ProgressFn, Side, benchmark, benchmark_alternating
 from daedalus.engines.capacity import capacity, kv_at, ladder
 from daedalus.engines.gpu import copy_bandwidth, floor_fractions, floor_tps, model_bytes_per_token
+from daedalus.engines.hf_tiny_model import HF_MODELS, ensure_hf_model
 from daedalus.engines.llama_build import CPU, BuildConfig, LlamaBuild, build_llama_cpp, cached_build
 from daedalus.engines.paths import default_llama_source
 from daedalus.engines.presets import load_preset
@@ -37,7 +38,7 @@ from daedalus.engines.quality import (
 )
 from daedalus.engines.runner import launched
 from daedalus.engines.tiny_model import MODELS, ensure_model
-from daedalus.engines.vllm import parse_kv_cache_log, parse_metrics, prefix_caching_problem
+from daedalus.engines.vllm import VllmKvCapacity, parse_kv_cache_log, parse_metrics, prefix_caching_problem
 from daedalus.errors import EngineError, UnsupportedMetric
 from daedalus.gates.statistics import clopper_pearson
 from daedalus.schemas.engines import (
@@ -57,8 +58,10 @@ METRIC_METHODS: dict[Metric, str] = {
     Metric.PREFILL_TPS: "benchmark: per-round median prompt tok/s from server timings",
     Metric.TTFT_MS: "benchmark: per-round median time to the first streamed chunk with content",
     Metric.TPOT_MS: "benchmark: per-round median (E2E - TTFT) / (tokens - 1)",
-    Metric.KV_POOL_TOKENS: "engine-reported KV pool at start-up (llama.cpp cells; vLLM's 'GPU KV cache size')",
-    Metric.MAX_CONCURRENCY: "vLLM's start-up 'Maximum concurrency for L tokens per request' (engine-reported)",
+    Metric.KV_POOL_TOKENS: "engine-reported KV pool at start-up (llama.cpp cells; vLLM's cache_config_info, "
+    "cross-checked with its 'GPU/CPU KV cache size' line)",
+    Metric.MAX_CONCURRENCY: "vLLM's cache_config_info kv_cache_max_concurrency, cross-checked with its start-up "
+    "'Maximum concurrency for L tokens per request' (engine-reported)",
     Metric.ACCEPTANCE_LENGTH: "benchmark: per round, 1 + accepted / drafts from /metrics deltas (speculative)",
     Metric.POSITION_ACCEPTANCE: "benchmark: per round, accepted at draft position k / drafts (/metrics deltas)",
     Metric.COMPRESSION: "capacity: baseline KiB/token / candidate KiB/token (both fitted slopes)",
@@ -182,6 +185,7 @@ def capacity_measurement(metric: Metric, cap: CapacityResult, artifact: Path) ->
     evidence = {"artifact": str(artifact), "contexts": ",".join(map(str, cap.contexts)),
                 "reported_kib_per_token": str(cap.kib_per_token_reported)}  # fmt: skip
     value: float | None
+    other: float | None
     if metric is Metric.KV_POOL_TOKENS:
         value = float(cap.pool_tokens) if cap.pool_tokens is not None else None
         invalid = None if value is not None else f"no KV cache line in the server log; see {artifact}"
@@ -414,28 +418,48 @@ async def _measure(
 def vllm_capacity_measurement(
     metric: Metric, log_text: str, metrics_text: str, log_path: Path
 ) -> GateMeasurement:
-    """kv_pool_tokens or max_concurrency from vLLM's start-up log, cross-checked with /metrics' cache config.
+    """kv_pool_tokens or max_concurrency from the running server's /metrics (`vllm:cache_config_info`'s
+    kv_cache_size_tokens and kv_cache_max_concurrency, or blocks x block size on builds without them), else from
+    its start-up log ('GPU/CPU KV cache size', 'Maximum concurrency for'); the other source is the cross-check.
 
     Both are the engine's own report of what it allocated: deterministic, and the verdict says so."""
-    cap = parse_kv_cache_log(log_text)
     reported = parse_metrics(metrics_text)
-    evidence = {"server_log": str(log_path), "log_pool_tokens": str(cap.pool_tokens),
+    try:
+        cap: VllmKvCapacity | None = parse_kv_cache_log(log_text)
+    except EngineError:
+        cap = None
+    log_pool = cap.pool_tokens if cap else None
+    log_concurrency = cap.max_concurrency if cap else None
+    evidence = {"server_log": str(log_path), "log_pool_tokens": str(log_pool),
                 "metrics_pool_tokens": str(reported.pool_tokens),
-                "max_concurrency": f"{cap.max_concurrency} at {cap.concurrency_len} tokens per request"}  # fmt: skip
-    value = cap.pool_tokens if metric is Metric.KV_POOL_TOKENS else cap.max_concurrency
+                "metrics_max_concurrency": str(reported.kv_cache_max_concurrency),
+                "log_max_concurrency": f"{log_concurrency} at {cap.concurrency_len if cap else None} tokens per "
+                                       "request"}  # fmt: skip
+    value: float | None
+    other: float | None
+    if metric is Metric.KV_POOL_TOKENS:
+        value = reported.pool_tokens if reported.pool_tokens is not None else log_pool
+        source = "vllm:cache_config_info" if reported.pool_tokens is not None else "start-up log"
+        other = log_pool if reported.pool_tokens is not None else None
+    else:
+        value = reported.kv_cache_max_concurrency
+        source = "vllm:cache_config_info"
+        if value is None:
+            value, source = log_concurrency, "start-up log"
+        other = log_concurrency if source == "vllm:cache_config_info" else None
     invalid = (
-        None if value is not None else f"vLLM's start-up log has no {metric.value} figure; see {log_path}"
+        None
+        if value is not None
+        else f"neither /metrics nor the start-up log reports {metric.value}; see {log_path}"
     )
-    # Two reports of one allocation: a disagreement beyond one block is shown beside the verdict (hybrid models
-    # size their groups differently, so it is evidence to read, not a broken measurement).
-    block = reported.block_size or 0
-    if (cap.pool_tokens is not None and reported.pool_tokens is not None
-            and abs(cap.pool_tokens - reported.pool_tokens) > block):  # fmt: skip
-        evidence["disagreement"] = (f"the start-up log says {cap.pool_tokens} KV tokens, /metrics "
-                                    f"{reported.pool_tokens} ({reported.num_gpu_blocks} blocks x {block})")  # fmt: skip
+    # Two reports of one allocation: a disagreement beyond one block (pool) or 1% (concurrency) is shown beside
+    # the verdict (hybrid models size their groups differently, so it is evidence to read, not a broken run).
+    tolerance = (reported.block_size or 0) if metric is Metric.KV_POOL_TOKENS else abs(value or 0.0) * 0.01
+    if value is not None and other is not None and abs(value - other) > tolerance:
+        evidence["disagreement"] = f"{source} says {value}, the start-up log {other}"
     unit = "tokens" if metric is Metric.KV_POOL_TOKENS else "x"
     return GateMeasurement(samples=[float(value or 0.0)], unit=unit, invalid_reason=invalid, evidence=evidence,
-                           method="vLLM start-up log (engine-reported), cross-checked with vllm:cache_config_info")  # fmt: skip
+                           method=f"vLLM's {source} (engine-reported), cross-checked with the other report")  # fmt: skip
 
 
 async def _floor_fraction(
@@ -476,8 +500,8 @@ def main(
     model: Annotated[
         str,
         typer.Option(
-            help="a GGUF file, a tiny model name (tiny, small, medium), or for vLLM "
-            "a Hugging Face model directory or id"
+            help="a GGUF file, a tiny model name (tiny, small, medium), or for vLLM a Hugging Face model "
+            "directory or id, or tiny-llama (a random-weight Llama written with the vLLM environment)"
         ),
     ],
     baseline_preset: Annotated[
@@ -501,7 +525,13 @@ def main(
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
     workload = Workload(users=[users], rounds=rounds, max_tokens=max_tokens, prompt_words=prompt_words)
     try:
-        model_ref = str(ensure_model(model)) if model in MODELS else model
+        model_ref = (
+            str(ensure_model(model))
+            if model in MODELS
+            else str(ensure_hf_model(model))
+            if model in HF_MODELS
+            else model
+        )
         result = asyncio.run(measure(metric, preset, model_ref, baseline_ref=baseline_preset, workload=workload,
                                      workdir=workdir, position=position, probes=probes))  # fmt: skip
     except EngineError as exc:

@@ -1,4 +1,9 @@
-"""Named engine presets: YAML files validated into `LlamaCppPreset` or `VllmPreset`."""
+"""Named engine presets: YAML files validated into `LlamaCppPreset` or `VllmPreset`.
+
+A bare name is looked up, in order, in the engine repo's `presets/` (a gate's command runs in the attempt's
+worktree, so that is the working directory), in the presets shipped inside the installed package
+(`daedalus/engines/shipped_presets/`, in the wheel too), and in the source checkout's `examples/presets/`.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,9 @@ from daedalus.errors import PresetError
 from daedalus.schemas.engines import LlamaCppPreset, Preset, VllmPreset
 
 PRESET_DIR = REPO_ROOT / "examples" / "presets"
+SHIPPED_PRESET_DIR = Path(__file__).resolve().parent / "shipped_presets"
+ENGINE_REPO_PRESETS = Path("presets")
+"""Relative to the working directory: the engine repo a gate's command runs in."""
 _ADAPTER: TypeAdapter[LlamaCppPreset | VllmPreset] = TypeAdapter(Preset)
 
 
@@ -43,11 +51,24 @@ def resolve_preset_path(name_or_path: str | Path) -> Path:
         if not path.is_file():
             raise PresetError(f"preset file {path} does not exist")
         return path
-    candidate = PRESET_DIR / f"{name_or_path}.yaml"
-    if not candidate.is_file():
-        known = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))) or "(none)"
-        raise PresetError(f"no preset named {name_or_path!r} in {PRESET_DIR}; known: {known}")
-    return candidate
+    directories = preset_directories()
+    for directory in directories:
+        candidate = directory / f"{name_or_path}.yaml"
+        if candidate.is_file():
+            return candidate
+    known = ", ".join(sorted({p.stem for d in directories for p in d.glob("*.yaml")})) or "(none)"
+    where = ", ".join(str(d) for d in directories)
+    raise PresetError(f"no preset named {name_or_path!r} in {where}; known: {known}")
+
+
+def preset_directories() -> list[Path]:
+    """Where bare preset names are looked up, first match wins: the engine repo's presets/, the package's
+    shipped presets, the source checkout's examples/presets/ (absent from an installed wheel)."""
+    found: list[Path] = []
+    for directory in (ENGINE_REPO_PRESETS.resolve(), SHIPPED_PRESET_DIR, PRESET_DIR):
+        if directory.is_dir() and directory not in found:
+            found.append(directory)
+    return found
 
 
 def load_preset(name_or_path: str | Path) -> LlamaCppPreset | VllmPreset:

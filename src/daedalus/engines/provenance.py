@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import re
 import socket
@@ -12,6 +11,7 @@ from pathlib import Path
 from daedalus.engines.llama_build import LlamaBuild
 from daedalus.engines.presets import resolve_preset_path
 from daedalus.engines.process import EngineError
+from daedalus.engines.vllm import VllmAdapter
 from daedalus.schemas.engines import LlamaCppPreset, VllmPreset, Workload
 from daedalus.schemas.gates import Provenance
 
@@ -75,19 +75,22 @@ def model_hash(model: Path) -> tuple[str | None, str]:
     return None, "Hugging Face id: resolved by the host's cache, not hashed"
 
 
-def engine_build(preset: LlamaCppPreset | VllmPreset, build: LlamaBuild | None) -> tuple[str, str, list[str]]:
-    """(engine, build identity, flags) of the engine that serves `preset`."""
+def engine_build(
+    preset: LlamaCppPreset | VllmPreset, build: LlamaBuild | None, model: Path | None = None
+) -> tuple[str, str, list[str]]:
+    """(engine, build identity, flags) of the engine that serves `preset`. vLLM: the version installed in the
+    environment that serves it (read from its metadata, not from Daedalus's venv) and the server's full argv
+    (the port, chosen at launch, shown as <port>)."""
     if isinstance(preset, LlamaCppPreset):
         if build is None:
             raise EngineError(f"preset {preset.name} needs a llama.cpp build")
         marker = build.build_dir.parent / "build.json"
         flags = json.loads(marker.read_text()).get("flags", []) if marker.is_file() else []
         return "llama.cpp", build.source_hash, [str(f) for f in flags]
-    try:
-        version = importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown (vllm not importable on the measuring host)"
-    return "vllm", version, []
+    adapter = VllmAdapter(preset)
+    argv = adapter.command(model or Path("<model>"), 0)
+    argv[argv.index("--port") + 1] = "<port>"
+    return "vllm", adapter.engine_identity(), argv
 
 
 def provenance(
@@ -101,7 +104,7 @@ def provenance(
     workload: Workload | None = None,
     extra: dict[str, str] | None = None,
 ) -> Provenance:
-    engine, identity, flags = engine_build(preset, build)
+    engine, identity, flags = engine_build(preset, build, model)
     preset_path = resolve_preset_path(preset_ref)
     sha, method = model_hash(model)
     shape = {k: json.dumps(v) for k, v in workload.model_dump(mode="json").items()} if workload else {}

