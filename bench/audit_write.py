@@ -30,6 +30,9 @@ sys.path.insert(0, str(ROOT))
 from daedalus.schemas.audit import AuditEvent, AuditKind, AuditRecord, TicketSnapshot  # noqa: E402
 from daedalus.store.database import make_engine, migrate, session_scope  # noqa: E402
 from daedalus.store.records import apply  # noqa: E402
+from daedalus.store.seals import AuditKey  # noqa: E402
+
+KEY = AuditKey(os.urandom(32))
 
 RESULTS = ROOT / "bench" / "results" / "audit_write.json"
 
@@ -79,7 +82,7 @@ def writes_ms(synchronous: str, tickets: int, events: int) -> list[float]:
             for ticket in range(tickets):
                 start = time.perf_counter()
                 with session_scope(engine) as session:
-                    assert apply(session=session, record=record(ticket, seq))
+                    assert apply(session=session, record=record(ticket, seq), key=KEY)
                 took.append((time.perf_counter() - start) * 1000)
         engine.dispose()
         return took

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -41,6 +42,7 @@ from daedalus.schemas.ticket import Decision
 from daedalus.services import decide
 from daedalus.store import queries
 from daedalus.store.database import make_engine, migrate, session_scope
+from daedalus.store.seals import AuditKey
 from daedalus.worker import WorkerConfig, build_workers
 from daedalus.workflows.campaign import CampaignWorkflow
 
@@ -60,7 +62,11 @@ async def run(spec_path: Path) -> dict[str, object]:
     with DevServer(db_file=None, port=free_port(), ui_port=None, die_with_parent=True) as server:
         client = await Client.connect(server.address, data_converter=DATA_CONVERTER)
         config = WorkerConfig(
-            control_queue=queue, hosts=[spec.host], workspace_root=tmp / "ws", artifacts=tmp / "artifacts"
+            control_queue=queue,
+            hosts=[spec.host],
+            workspace_root=tmp / "ws",
+            artifacts=tmp / "artifacts",
+            audit_key=AuditKey(os.urandom(32)),
         )
         workers = build_workers(client, config, engine)
         tasks = [asyncio.create_task(w.run()) for w in workers]

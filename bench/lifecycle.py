@@ -236,6 +236,10 @@ async def run_worker(
         config = WorkerConfig(
             control_queue=CONTROL, hosts=[], workspace_root=tmp / "ws", artifacts=tmp / "artifacts"
         )
+        if "audit_key" in WorkerConfig.__dataclass_fields__:  # checkouts from before seals have none
+            from daedalus.store.seals import AuditKey
+
+            config = dataclasses.replace(config, audit_key=AuditKey(os.urandom(32)))
         # Changed only when asked, so that an older checkout's WorkerConfig runs this too.
         if workflow_cache is not None:
             config = dataclasses.replace(config, max_cached_workflows=workflow_cache)

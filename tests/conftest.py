@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -18,6 +19,10 @@ from daedalus.engines import paths
 from daedalus.payloads import DATA_CONVERTER
 from daedalus.ports import free_port
 from daedalus.store.database import make_engine, migrate
+
+# Builds and gates run confined, and the tests' own gate and build commands run scripts from tests/fixtures:
+# every worker of the session, in this process or a child's, lets them read that directory.
+os.environ.setdefault("DAEDALUS_STEPS_READ_ONLY", json.dumps([str(Path(__file__).parent / "fixtures")]))
 
 # The test session is an entry point: it builds the settings once and hands the engines their cache
 # (DAEDALUS_CACHE_DIR, where the llama.cpp build already is).

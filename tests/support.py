@@ -15,12 +15,19 @@ from sqlalchemy import Engine
 from temporalio.client import Client, WorkflowHandle
 
 from daedalus.agents.settings import AgentSettings
+from daedalus.confinement import StepSettings
 from daedalus.schemas.ticket import TicketInput, TicketSpec, TicketState, TicketStatus
 from daedalus.slack.settings import SlackSettings
+from daedalus.store.seals import AuditKey
 from daedalus.worker import WorkerConfig, build_workers
 from daedalus.workflows.ticket import TicketWorkflow
 
-EMIT = Path(__file__).parent / "fixtures" / "emit_samples.py"
+FIXTURES = Path(__file__).parent / "fixtures"
+EMIT = FIXTURES / "emit_samples.py"
+TEST_STEPS = StepSettings(read_only=[FIXTURES])
+"""Builds and gates run confined: the tests' gate and build commands run scripts from tests/fixtures."""
+TEST_AUDIT_KEY = AuditKey(bytes(range(32)))
+"""The audit key the tests' workers seal with (a store's key lives outside it; here, in the test code)."""
 
 SPEED_PATCH = """\
 --- a/speed.txt
@@ -94,6 +101,8 @@ async def running_workers(
     hosts_file: Path | None = None,
 ) -> AsyncIterator[None]:
     config = WorkerConfig(
+        steps=TEST_STEPS,
+        audit_key=TEST_AUDIT_KEY,
         sandboxed=sandboxed,
         hosts_file=hosts_file,
         slack=slack or SlackSettings(),
@@ -134,3 +143,20 @@ async def wait_for(
 
 def status_is(*statuses: TicketStatus) -> Callable[[TicketState], bool]:
     return lambda state: state.status in statuses
+
+
+def unique_sleep() -> str:
+    """A `sleep` argument no other process on this shared machine uses: a step's child is found by its command
+    line, since the pid it sees inside its sandbox's pid namespace means nothing outside."""
+    return f"300.{uuid.uuid4().int % 10**9:09d}"
+
+
+def sleeping(seconds: str) -> list[int]:
+    """Host pids of live `sleep <seconds>` processes."""
+    import psutil
+
+    return [
+        p.pid
+        for p in psutil.process_iter(["cmdline", "status"])
+        if p.info["cmdline"] == ["sleep", seconds] and p.info["status"] != psutil.STATUS_ZOMBIE
+    ]

@@ -15,6 +15,8 @@ import this module. Each section is a plain pydantic model owned by its domain a
     api                     DAEDALUS_API_UPDATE_TIMEOUT_S; for the CLI DAEDALUS_API_URL, _TOKEN (daedalus.api.settings)
     slack                   DAEDALUS_SLACK_* (daedalus.slack.settings)
     engines                 DAEDALUS_ENGINES_CACHE_DIR, DAEDALUS_ENGINES_LLAMA_CPP_PYTHON_VERSION
+    steps                   DAEDALUS_STEPS_READ_ONLY, _LIMITS, _CGROUP_ROOT (daedalus.confinement)
+    audit                   DAEDALUS_AUDIT_KEY, DAEDALUS_AUDIT_KEY_FILE (daedalus.store.seals)
 
 Lists and maps are JSON (`DAEDALUS_SLACK_USERS='{"U123": "wayne"}'`). The names used before the settings had
 sections still work (`LEGACY_NAMES`); where both are set, the sectioned name wins.
@@ -47,10 +49,12 @@ from temporalio.service import TLSConfig
 
 from daedalus.agents.settings import AgentSettings
 from daedalus.api.settings import ApiSettings
+from daedalus.confinement import StepSettings
 from daedalus.devserver import SqliteSynchronous
 from daedalus.engines.paths import EngineSettings
 from daedalus.errors import BadSettings
 from daedalus.slack.settings import SlackSettings
+from daedalus.store.seals import AuditKey, AuditSettings
 
 CONTROL_QUEUE = "daedalus-control"
 __all__ = [
@@ -232,6 +236,8 @@ class Settings(BaseSettings):
     api: ApiSettings = Field(default_factory=ApiSettings)
     slack: SlackSettings = Field(default_factory=SlackSettings)
     engines: EngineSettings = Field(default_factory=EngineSettings)
+    steps: StepSettings = Field(default_factory=StepSettings)
+    audit: AuditSettings = Field(default_factory=AuditSettings)
 
     @field_validator("home", "artifacts", "hosts_file", "policy_file")
     @classmethod
@@ -268,6 +274,10 @@ class Settings(BaseSettings):
     @property
     def artifact_dir(self) -> Path:
         return self.artifacts or self.home / "artifacts"
+
+    def audit_key(self, *, create: bool = False) -> AuditKey | None:
+        """The key audit events are sealed with (made under home on a writer's first start, with `create`)."""
+        return AuditKey.of(self.audit, self.home, create=create)
 
 
 def variable(loc: tuple[str | int, ...]) -> str:

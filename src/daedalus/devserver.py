@@ -14,6 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
+import httpx
 from temporalio.client import Client
 
 from daedalus.errors import DevServerError
@@ -79,7 +80,8 @@ class DevServer:
         if self.ui_port is None:
             cmd += ["--headless"]
         else:
-            cmd += ["--ui-port", str(self.ui_port)]
+            # No outside news feed: the UI is served where the network may be closed, and reads nothing remote.
+            cmd += ["--ui-port", str(self.ui_port), "--ui-disable-news-fetch"]
         for key in SEARCH_ATTRIBUTES:
             cmd += ["--search-attribute", registration(key)]
         return cmd
@@ -135,6 +137,24 @@ class DevServer:
         # A thread of its own: start() is also called from code that already runs an event loop.
         with ThreadPoolExecutor(max_workers=1) as pool:
             pool.submit(asyncio.run, probe()).result()
+        if self.ui_port is not None:
+            self._wait_until_ui_serves(deadline)
+
+    def _wait_until_ui_serves(self, deadline: float) -> None:
+        """The UI dials the frontend once at its start and backs off when that was too early: its first API
+        calls then answer 503 for a second or more. Wait until it lists workflows."""
+        url = f"http://127.0.0.1:{self.ui_port}/api/v1/namespaces/default/workflows"
+        while True:
+            try:
+                if httpx.get(url, params={"pageSize": 1}, timeout=5).status_code == 200:
+                    return
+                why = "it answers with an error"
+            except httpx.HTTPError as error:
+                why = str(error)
+            if time.monotonic() > deadline:
+                self.stop()
+                raise DevServerError(f"the dev server's UI on {self.ui_port} never served its API: {why}")
+            time.sleep(0.2)
 
     def stop(self, grace_s: float = 10.0) -> None:
         if self.process is None or self.process.poll() is not None:

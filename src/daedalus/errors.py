@@ -34,6 +34,8 @@ The tree says what kind of trouble it is, and so what a person does about it:
     │   └── LeaseLost                 it expired or was revoked while held
     ├── AgentError                    a coding agent misbehaved or its provider gave up
     │   ├── AgentViolation            it did something it must not
+    │   │   ├── TreeRefused           its worktree holds what no commit may (a nested repository, a huge file)
+    │   │   └── OutsideAllowed        its change touches paths the spec does not allow
     │   ├── BudgetExceeded            it spent its budget
     │   ├── ApiFailure                its provider's API failed for good (after the SDK's own retries)
     │   └── ToolError                 one tool call was wrong; the message goes back to the model
@@ -86,6 +88,7 @@ __all__ = [
     "LeaseRefused",
     "MetricsUnavailable",
     "NotAllowed",
+    "OutsideAllowed",
     "PathEscape",
     "PolicyFileError",
     "PresetError",
@@ -101,6 +104,7 @@ __all__ = [
     "ToolError",
     "TrainingInputError",
     "TransientError",
+    "TreeRefused",
     "UnknownRequest",
     "UnsupportedMetric",
     "maps_errors",
@@ -293,6 +297,19 @@ class AgentError(DaedalusError):
 
 class AgentViolation(AgentError):
     """The agent did something it must not: wrote outside its worktree, ran a forbidden command."""
+
+
+class TreeRefused(AgentViolation):
+    """Its worktree holds something no attempt may commit (a nested repository, a huge file)."""
+
+
+class OutsideAllowed(AgentViolation):
+    """Its worktree changed paths the spec does not allow: the attempt counts as a whole, so nothing is committed."""
+
+    def __init__(self, paths: list[str], diff_stat: str) -> None:
+        super().__init__(f"changes outside the allowed paths: {paths}")
+        self.paths = paths
+        self.diff_stat = diff_stat
 
 
 class BudgetExceeded(AgentError):

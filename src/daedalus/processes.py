@@ -17,6 +17,7 @@ import psutil
 
 if TYPE_CHECKING:
     from daedalus.sandbox import Sandbox
+    from daedalus.schemas.steps import ResourceLimits
 
 TAIL_BYTES = 4000
 
@@ -40,6 +41,10 @@ class Finished:
     returncode: int
     log_path: Path
     timed_out: bool
+    limits_hit: tuple[str, ...] = ()
+    """The resource limits the step ran into, as the kernel counted them (daedalus.confinement)."""
+    unlimited: str | None = None
+    """Why its processes and memory ran unlimited, when they did."""
 
     def tail(self, limit: int = TAIL_BYTES) -> str:
         return log_tail(self.log_path, limit)
@@ -169,6 +174,8 @@ async def run_logged(
     stdout_path: Path | None = None,
     pidfile: Path | None = None,
     sandbox: Sandbox | None = None,
+    limits: ResourceLimits | None = None,
+    cgroup_root: Path | None = None,
 ) -> Finished:
     """Run a shell command to completion in a new session, output appended to `log_path`.
 
@@ -178,8 +185,11 @@ async def run_logged(
     With `pidfile` (a step marker, see `mark_step`), processes left running by a worker that died (SIGKILL
     leaves its session alive) are killed before the command starts again, so a retried step never runs
     beside its own ghost. With `sandbox`, the command runs inside it, with only the sandbox's environment
-    (plus `env`) instead of the worker's.
+    (plus `env`) instead of the worker's. With `limits`, it runs under them (daedalus.confinement), in a cgroup
+    of its own where the host has one to give (`cgroup_root`, else cgroup v1's).
     """
+    from daedalus.confinement import StepCgroup, set_rlimits, unenforced
+
     log_path.parent.mkdir(parents=True, exist_ok=True)
     if pidfile is not None:
         await asyncio.to_thread(kill_leftover, pidfile)
@@ -192,16 +202,37 @@ async def run_logged(
     else:
         argv = sandbox.argv(["/bin/sh", "-c", command], cwd=cwd)
         full_env = {**sandbox.environment(token), **(env or {})}
+    cgroup = StepCgroup.make(limits, cgroup_root) if limits is not None else None
+
+    def confine() -> None:  # in the child, before exec
+        if limits is not None:
+            set_rlimits(limits)
+        if cgroup is not None:
+            cgroup.enter()
+
+    def finished(returncode: int, timed_out: bool) -> Finished:
+        hits = tuple(cgroup.hits()) if cgroup is not None else ()
+        if cgroup is not None:
+            cgroup.remove()
+        unlimited = unenforced(cgroup) if limits is not None else None
+        return Finished(returncode, log_path, timed_out, limits_hit=hits, unlimited=unlimited)
+
     with log_path.open("ab") as log, stdout_path.open("wb") if stdout_path else log as out:
-        process = await asyncio.create_subprocess_exec(
-            *argv,
-            cwd=cwd,
-            env=full_env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=out,
-            stderr=log,
-            start_new_session=True,
-        )
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                cwd=cwd,
+                env=full_env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=log,
+                start_new_session=True,
+                preexec_fn=confine if limits is not None else None,
+            )
+        except BaseException:
+            if cgroup is not None:
+                cgroup.remove()
+            raise
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         try:
@@ -212,7 +243,7 @@ async def run_logged(
                     await asyncio.to_thread(end_step, process.pid, token)
                     if pidfile is not None:
                         pidfile.unlink(missing_ok=True)
-                    return Finished(returncode, log_path, timed_out=False)
+                    return await asyncio.to_thread(finished, returncode, False)
                 except TimeoutError:
                     if heartbeat is not None:
                         heartbeat()
@@ -221,10 +252,12 @@ async def run_logged(
                         await process.wait()
                         if pidfile is not None:
                             pidfile.unlink(missing_ok=True)
-                        return Finished(process.returncode or -9, log_path, timed_out=True)
+                        return await asyncio.to_thread(finished, process.returncode or -9, True)
         except BaseException:
             await asyncio.to_thread(end_step, process.pid, token, 3.0)
             await process.wait()
             if pidfile is not None:
                 pidfile.unlink(missing_ok=True)
+            if cgroup is not None:
+                await asyncio.to_thread(cgroup.remove)
             raise

@@ -10,26 +10,30 @@ What a sandboxed command sees (decided here, documented in the README):
 * its own `/tmp`, `/var/tmp` and `$HOME` (empty tmpfs, gone when the command ends, unless a home directory
   is given, as for the CLI agents), `/dev` (minimal), and a `/proc` of its own pid namespace, so neither the
   worker's processes nor their environments are visible;
-* the engine repository's git directory read-only, except what a commit in this worktree writes: the object
-  store, this worktree's admin directory (HEAD, index, its reflog) and the refs and reflogs of its ticket's
-  branches. The repository's `config`, `hooks`, `packed-refs`, other branches, and the files that tell git
-  where the repository is (`<worktree>/.git`, `commondir`, `gitdir`) stay read-only, so nothing an agent
-  does there can make a later `git` on the host run its code;
+* its own git directory (`<worktree>/.git`, inside the worktree, so the agent may commit, branch and
+  configure there as it likes) and, read-only, the host repository's object store it borrows from. The
+  host's repository itself (config, hooks, refs, HEAD) is never mounted: the host commits the attempt's
+  files there itself (`daedalus.agents.worktree.capture`);
 * no network (a loopback of its own) unless asked for: only the CLI agents, which call their model endpoint
   themselves, get the host's network (bubblewrap cannot limit it to one endpoint);
 * a clean environment: PATH, HOME, locale, a git identity, the step's marker token and what its caller adds
-  (the CLI agents: their own provider's key). Never the worker's environment.
+  (the CLI agents: their own provider's key). Never the worker's environment;
+* for a build or a gate (`for_step`), also: Daedalus's own installation and the engine cache, read-only
+  (the cache layered over a scratch directory of the step, so what the step adds to it dies with the step),
+  the host's read-only data paths, a scratch directory for its output, and the leased GPUs' device nodes
+  only. Never the store, the artifact directory of other steps, Temporal or the API (no network).
 
 All capabilities are dropped, every namespace is unshared (user, pid, ipc, uts, cgroup, and net unless
 allowed), the command runs in a new session (no TIOCSTI on the worker's terminal) and dies with its parent.
 The pid namespace means that when the command's first process exits, the kernel kills every process it left
-behind, `setsid` and `nohup` ones included.
+behind, `setsid` and `nohup` ones included. Resource limits are daedalus.confinement's.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,43 +78,23 @@ def bwrap_binary() -> str:
 
 
 @dataclass(frozen=True)
-class GitLayout:
-    """Where a linked worktree's git data lives, read from its files (never by running git in it)."""
-
-    dot_git: Path  # <worktree>/.git: a file for a linked worktree, a directory for a plain clone
-    common: Path | None  # the repository's git directory (objects, refs, config, hooks)
-    admin: Path | None  # <common>/worktrees/<name>: this worktree's HEAD, index and reflog
-
-    @classmethod
-    def of(cls, worktree: Path) -> GitLayout:
-        dot_git = worktree / ".git"
-        if not dot_git.is_file():
-            return cls(dot_git, None, None)
-        text = dot_git.read_text().strip()
-        if not text.startswith("gitdir:"):
-            raise SandboxError(f"{dot_git} is not a git worktree link (no 'gitdir:' line)")
-        admin = Path(text.removeprefix("gitdir:").strip())
-        admin = (admin if admin.is_absolute() else worktree / admin).resolve()
-        commondir = admin / "commondir"
-        if not commondir.is_file():
-            raise SandboxError(f"{admin} has no commondir file: is {worktree} a `git worktree add` checkout?")
-        common = Path(commondir.read_text().strip())
-        common = (common if common.is_absolute() else admin / common).resolve()
-        if admin.parent != common / "worktrees":
-            raise SandboxError(f"{worktree}'s git admin directory {admin} is not under {common}/worktrees")
-        return cls(dot_git, common, admin)
-
-
-@dataclass(frozen=True)
 class Sandbox:
     """How to run commands for one worktree. `argv` wraps a command; `environment` is all it may see."""
 
     worktree: Path
-    branch: str | None = None
+    objects: Path | None = None
+    """The host repository's object store that the worktree's own git borrows (read-only)."""
     network: bool = False
     home: Path | None = None
     read_only: tuple[Path, ...] = ()
     writable: tuple[Path, ...] = ()
+    layered: tuple[tuple[Path, Path], ...] = ()
+    """(shared, scratch): `shared` appears with its entries read-only over the writable `scratch`."""
+    devices: tuple[Path, ...] = ()
+    """Device nodes the command may use (a leased GPU's), bound as they are on the host."""
+    tmp_mib: int | None = None
+    path: tuple[str, ...] = ()
+    """Directories ahead of the toolchain's on PATH (Daedalus's own `bin`, for a build's or gate's commands)."""
     env: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -118,40 +102,79 @@ class Sandbox:
         cls,
         worktree: Path,
         *,
-        branch: str | None = None,
+        objects: Path | None = None,
         network: bool = False,
         home: Path | None = None,
         read_only: Sequence[Path | str] = (),
         writable: Sequence[Path | str] = (),
         env: Mapping[str, str] | None = None,
+        tmp_mib: int | None = None,
     ) -> Sandbox:
-        """A sandbox for `worktree`. Without `branch`, the one checked out now (read before any agent ran, so
-        an agent that later points HEAD elsewhere cannot widen what it may write)."""
+        """A sandbox for an agent's commands in `worktree` (a private checkout borrowing `objects`)."""
         worktree = worktree.resolve()
         if not worktree.is_dir():
             raise SandboxError(f"worktree {worktree} does not exist")
-        layout = GitLayout.of(worktree)
-        if branch is None and layout.admin is not None:
-            head = (layout.admin / "HEAD").read_text().strip()
-            if head.startswith("ref: refs/heads/"):
-                branch = head.removeprefix("ref: refs/heads/")
         for path in (*read_only, *writable):
             if not Path(path).is_absolute():
                 raise SandboxError(f"sandbox path {path!r} must be absolute")
         return cls(
             worktree=worktree,
-            branch=branch,
+            objects=objects.resolve() if objects is not None else None,
             network=network,
             home=home.resolve() if home is not None else None,
             read_only=tuple(Path(p) for p in read_only),
             writable=tuple(Path(p) for p in writable),
             env=dict(env or {}),
+            tmp_mib=tmp_mib,
+        )
+
+    @classmethod
+    def for_step(
+        cls,
+        worktree: Path,
+        *,
+        objects: Path | None,
+        scratch: Path,
+        cache: Path,
+        read_only: Sequence[Path] = (),
+        devices: Sequence[Path] = (),
+        env: Mapping[str, str] | None = None,
+        tmp_mib: int | None = None,
+    ) -> Sandbox:
+        """A sandbox for a build or a gate: the worktree and `scratch` writable, Daedalus and the engine cache
+        read-only (the cache layered over `scratch/cache`), `DAEDALUS_HOME` in the scratch directory, no
+        network, and `devices` (the leased GPUs) only."""
+        install = installation()
+        scratch.mkdir(parents=True, exist_ok=True)
+        (scratch / "cache").mkdir(exist_ok=True)
+        for path in read_only:
+            if not path.is_absolute():
+                raise SandboxError(f"sandbox path {str(path)!r} must be absolute")
+        base = cls.for_worktree(worktree, objects=objects, tmp_mib=tmp_mib)
+        return cls(
+            worktree=base.worktree,
+            objects=base.objects,
+            read_only=(*install, *read_only),
+            writable=(scratch.resolve(),),
+            layered=((cache.resolve(), (scratch / "cache").resolve()),),
+            devices=tuple(devices),
+            tmp_mib=tmp_mib,
+            path=(str(Path(sys.executable).parent),),
+            env={
+                "DAEDALUS_HOME": str(scratch.resolve() / "home"),
+                "DAEDALUS_CACHE_DIR": str(cache.resolve()),
+                # Python never puts the worktree on sys.path by itself (`python -m daedalus...` in a gate
+                # must run Daedalus's code, not a `daedalus/` package the agent left in the worktree).
+                "PYTHONSAFEPATH": "1",
+                "PYTHONNOUSERSITE": "1",
+                **(env or {}),
+            },
         )
 
     def environment(self, token: str) -> dict[str, str]:
         """The whole environment of a sandboxed command: nothing is inherited from the worker."""
         return {
-            "PATH": PATH,
+            "PATH": ":".join((*self.path, PATH)),
             "HOME": HOME,
             "USER": "agent",
             "LOGNAME": "agent",
@@ -191,7 +214,10 @@ class Sandbox:
                 args += ["--ro-bind", str(top), str(top)]
         for name in ETC_TOOLCHAIN + (ETC_NETWORK if self.network else ()):
             args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
+        size = ["--size", str(self.tmp_mib * 1024 * 1024)] if self.tmp_mib else []
+        args += ["--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", "/tmp", *size, "--tmpfs", "/var/tmp"]
+        for device in self.devices:
+            args += ["--dev-bind-try", str(device), str(device)]
         if self.home is not None:
             self.home.mkdir(parents=True, exist_ok=True)
             args += ["--bind", str(self.home), HOME]
@@ -199,44 +225,41 @@ class Sandbox:
             args += ["--tmpfs", HOME]
         for path in self.read_only:
             args += ["--ro-bind-try", str(path), str(path)]
-        args += self._git_mounts()
+        for shared, scratch in self.layered:
+            args += _layered(shared, scratch)
+        if self.objects is not None:
+            args += ["--ro-bind", str(self.objects), str(self.objects)]
         args += ["--bind", str(self.worktree), str(self.worktree)]
-        if GitLayout.of(self.worktree).dot_git.exists():
-            # Inside the worktree, yet read-only: a rewritten `.git` file could point host git at a config
-            # the agent wrote (core.fsmonitor runs a command on the next `git status`).
-            dot_git = str(self.worktree / ".git")
-            args += ["--ro-bind", dot_git, dot_git]
         for path in self.writable:
             args += ["--bind-try", str(path), str(path)]
         args += ["--chdir", str(cwd or self.worktree), "--", *command]
         return args
 
-    def _git_mounts(self) -> list[str]:
-        layout = GitLayout.of(self.worktree)
-        if layout.common is None or layout.admin is None:
-            return []  # a plain clone: its .git is bound read-only with the worktree (see argv)
-        common, admin = layout.common, layout.admin
-        args = [
-            "--ro-bind",
-            str(common),
-            str(common),
-            "--bind",
-            str(common / "objects"),
-            str(common / "objects"),
-        ]
-        if self.branch:
-            # A commit writes `<ref>.lock` next to the ref and renames it: the ref's directory must be
-            # writable. Only the directory of this ticket's branches, never refs/heads itself.
-            # A branch at the top of refs/heads gets none: refs/heads would be all branches.
-            branch_dir = Path(self.branch).parent
-            for tree in ("refs/heads", "logs/refs/heads") if branch_dir != Path(".") else ():
-                directory = common / tree / branch_dir
-                if not directory.resolve().is_relative_to(common / tree):
-                    raise SandboxError(f"branch {self.branch!r} points outside {common / tree}")
-                directory.mkdir(parents=True, exist_ok=True)
-                args += ["--bind", str(directory), str(directory)]
-        args += ["--bind", str(admin), str(admin)]
-        for pointer in ("commondir", "gitdir"):
-            if (admin / pointer).exists():
-                args += ["--ro-bind", str(admin / pointer), str(admin / pointer)]
+
+def _layered(shared: Path, scratch: Path) -> list[str]:
+    """`shared` as the command sees it: the writable `scratch` at its path, with every entry of `shared` two
+    levels deep bound read-only over it (`models/x.gguf`, `llama.cpp/<build>`). What the command adds lands in
+    `scratch`; nothing of `shared` can be changed."""
+    args = ["--bind", str(scratch), str(shared)]
+    if not shared.is_dir():
         return args
+    for top in sorted(shared.iterdir()):
+        if top.is_dir() and not top.is_symlink():
+            args += ["--dir", str(top)]
+            args += [
+                arg
+                for entry in sorted(top.iterdir())
+                for arg in ("--ro-bind", str(entry), str(entry))
+                if not entry.name.startswith(".")
+            ]
+        elif not top.name.startswith("."):
+            args += ["--ro-bind", str(top), str(top)]
+    return args
+
+
+def installation() -> tuple[Path, ...]:
+    """What running Daedalus itself needs (a gate's `daedalus engine measure`): its interpreter, its
+    environment and, for an editable install, its source tree. Read-only in a step's sandbox."""
+    package = Path(__file__).resolve().parent
+    found = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), package.parent}
+    return tuple(sorted(found))

@@ -18,6 +18,8 @@ from daedalus.config import Settings
 from daedalus.devserver import DevServer
 from daedalus.hosts.holder import LeaseError, ensure_keeper
 from daedalus.hosts.registry import RegistryError, load_registry
+from daedalus.ports import free_port
+from daedalus.readonly_ui import ReadOnlyUi
 from daedalus.services import connect
 from daedalus.store.database import make_engine, migrate
 from daedalus.worker import WorkerConfig, build_workers
@@ -70,19 +72,28 @@ async def running_stack(
     """Start what is asked for, yield while it runs, and stop all of it (process groups included) on exit."""
     temporal = settings.temporal
     embedded = temporal.address is None if embedded is None else embedded
-    server = None
+    server, ui = None, None
     if embedded:
         settings.home.mkdir(parents=True, exist_ok=True)
+        # The dev server's own UI listens on an internal port; the public one is the read-only proxy's.
         server = DevServer(
             db_file=settings.home / "temporal.db",
             port=temporal.port,
-            ui_port=temporal.ui_port,
+            ui_port=free_port(),
             log_file=settings.home / "temporal.log",
             synchronous=temporal.sqlite_synchronous,
         )
         await asyncio.to_thread(server.start)
+        ui = ReadOnlyUi(upstream_port=server.ui_port or 0, port=temporal.ui_port)
+        try:
+            await ui.start()
+        except BaseException:
+            await asyncio.to_thread(server.stop)
+            raise
         log.info(
-            "temporal dev server started", address=server.address, ui=f"http://localhost:{temporal.ui_port}"
+            "temporal dev server started",
+            address=server.address,
+            ui=f"http://localhost:{temporal.ui_port} (read-only)",
         )
     try:
         client = await connect(temporal.target, temporal.namespace, **temporal.connection())
@@ -105,5 +116,7 @@ async def running_stack(
             if engine is not None:
                 engine.dispose()
     finally:
+        if ui is not None:
+            await ui.stop()
         if server is not None:
             await asyncio.to_thread(server.stop)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import structlog
 from sqlalchemy import Engine
 from temporalio.client import Client
 from temporalio.converter import DataConverter
@@ -17,6 +18,7 @@ from daedalus.activities.attempts import AttemptActivities
 from daedalus.activities.audit import AuditActivities
 from daedalus.activities.builds import BuildActivities
 from daedalus.activities.campaigns import CampaignCellActivities, CampaignStoreActivities
+from daedalus.activities.confined import ConfinedSteps
 from daedalus.activities.engines import EngineActivities
 from daedalus.activities.gates import GateActivities
 from daedalus.activities.hosts import (
@@ -32,10 +34,16 @@ from daedalus.activities.training import TrainingActivities
 from daedalus.activities.workspace import Workspace
 from daedalus.agents.settings import AgentSettings
 from daedalus.config import Settings
+from daedalus.confinement import StepSettings
 from daedalus.engines import paths
 from daedalus.engines.paths import EngineSettings
+from daedalus.errors import SetupError
+from daedalus.hosts.registry import load_registry
 from daedalus.ids import host_queue
+from daedalus.schemas.steps import ResourceLimits
 from daedalus.slack.settings import SlackSettings
+from daedalus.store.database import session_scope
+from daedalus.store.seals import AuditKey, seal_unsealed
 from daedalus.workflows.campaign import CampaignWorkflow
 from daedalus.workflows.lease_keeper import LeaseKeeperWorkflow
 from daedalus.workflows.leased_step import LeasedStepWorkflow
@@ -43,6 +51,8 @@ from daedalus.workflows.report_digest import ReportDigestWorkflow
 from daedalus.workflows.runner import ContextFreeRunner, ignores_context
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
+
+log = structlog.get_logger(__name__)
 
 YOUNG_OBJECTS_PER_COLLECTION = 10_000
 """Python's cyclic collector runs its young generation every 700 net allocations by default, and every hundredth
@@ -91,6 +101,10 @@ class WorkerConfig:
     agent: AgentSettings = field(default_factory=AgentSettings)
     engines: EngineSettings | None = None
     """The engine cache; None leaves the process's as its entry point configured it (a test session's)."""
+    steps: StepSettings = field(default_factory=StepSettings)
+    """How builds and gates run confined: extra read-only paths, default limits, the cgroup root."""
+    audit_key: AuditKey | None = None
+    """What the control worker seals audit events with (store/seals.py); required where a store is written."""
     fail_workflows_on_bugs: bool = False
     """Tests set this so a workflow bug fails the run at once instead of retrying its task forever."""
     hosts_file: Path | None = None
@@ -109,6 +123,8 @@ class WorkerConfig:
             slack=settings.slack,
             agent=settings.agent,
             engines=settings.engines,
+            steps=settings.steps,
+            audit_key=settings.audit_key(create=True),
             max_cached_workflows=settings.temporal.workflow_cache,
             sandboxed=settings.temporal.sandbox,
             hosts_file=settings.hosts_file,
@@ -117,7 +133,15 @@ class WorkerConfig:
 
 def control_worker(client: Client, config: WorkerConfig, engine: Engine) -> Worker:
     """Workflows and the activities that touch the network or the database."""
-    audit = AuditActivities(engine)
+    if config.audit_key is None:
+        raise SetupError(
+            "the control worker writes the audit store and needs the audit key; give WorkerConfig one"
+        )
+    with session_scope(engine) as session:
+        sealed = seal_unsealed(session, config.audit_key)
+    if sealed:
+        log.warning("audit_events_sealed_on_first_use", events=sealed)
+    audit = AuditActivities(engine, config.audit_key)
     notify = NotifyActivities(config.slack, config.artifacts / "slack-posted")
     keepers, leases = KeeperStoreActivities(engine), LeaseActivities()
     lessons = LessonActivities(engine)
@@ -161,13 +185,23 @@ def gpu_state_dir(workspace_root: Path, host: str) -> Path:
     return workspace_root / host / "gpus"
 
 
+def host_limits(config: WorkerConfig, host: str) -> ResourceLimits:
+    """What a confined step may use on `host`: its registry entry's limits, else the settings' default."""
+    if config.hosts_file is not None:
+        registry = load_registry(config.hosts_file)
+        if host in registry.names and (limits := registry.host(host).limits) is not None:
+            return limits
+    return config.steps.limits
+
+
 def host_worker(client: Client, config: WorkerConfig, host: str) -> Worker:
     """The activities that run on `host` itself: agents in worktrees, builds, gates, engines, training."""
     workspace = Workspace(root=config.workspace_root / host, artifacts=config.artifacts)
+    confined = ConfinedSteps(workspace, config.steps, host_limits(config, host))
     attempts, builds, gates = (
         AttemptActivities(workspace, config.agent),
-        BuildActivities(workspace),
-        GateActivities(workspace),
+        BuildActivities(confined),
+        GateActivities(confined),
     )
     if config.engines is not None:
         paths.configure(config.engines)

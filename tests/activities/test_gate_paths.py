@@ -7,11 +7,17 @@ from pathlib import Path
 import pytest
 from temporalio.testing import ActivityEnvironment
 
+from daedalus.activities.confined import ConfinedSteps
 from daedalus.activities.gates import GateActivities
 from daedalus.activities.workspace import Workspace
+from daedalus.confinement import StepSettings
 from daedalus.paths import UnsafePathError, contained
 from daedalus.schemas.gates import GateSpec, Metric, Verdict
-from daedalus.schemas.steps import GateInput
+from daedalus.schemas.steps import GateInput, ResourceLimits
+
+
+def confined(workspace: Workspace) -> ConfinedSteps:
+    return ConfinedSteps(workspace, StepSettings(), ResourceLimits())
 
 
 def test_contained_refuses_names_that_leave_their_directory(tmp_path: Path) -> None:
@@ -47,7 +53,7 @@ async def test_a_traversing_gate_name_neither_deletes_nor_writes_outside_the_art
     request = GateInput.model_construct(
         ticket_id="t1", attempt=1, round=1, gate=gate, host="local", commit="", engine=None
     )
-    activities = GateActivities(Workspace(root=tmp_path / "work", artifacts=artifacts))
+    activities = GateActivities(confined(Workspace(root=tmp_path / "work", artifacts=artifacts)))
     result = await ActivityEnvironment().run(activities.run_gate, request)
     assert result.verdict is Verdict.INVALID
     assert "would leave" in result.reason
@@ -64,7 +70,7 @@ async def test_a_gate_that_prints_too_many_samples_is_invalid_with_the_cap(tmp_p
         timeout_s=60,
     )
     request = GateInput(ticket_id="t2", attempt=1, gate=gate, host="local")
-    activities = GateActivities(Workspace(root=tmp_path / "work", artifacts=tmp_path / "artifacts"))
+    activities = GateActivities(confined(Workspace(root=tmp_path / "work", artifacts=tmp_path / "artifacts")))
     result = await ActivityEnvironment().run(activities.run_gate, request)
     assert result.verdict is Verdict.INVALID
     assert "10000 samples, more than the 1000 a verdict may carry" in result.reason

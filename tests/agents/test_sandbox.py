@@ -1,4 +1,4 @@
-"""Attacks on agent confinement (issue 8), each run in a real bubblewrap sandbox against a real linked worktree.
+"""Attacks on agent confinement, each run in a real bubblewrap sandbox against a real attempt checkout.
 
 Every attack here ran on the host before the sandbox existed: the deny list and path checks were a filter,
 and each of these slipped past it. The filter still stands in front of `run_shell` (a clear refusal for a
@@ -19,20 +19,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from temporalio.testing import ActivityEnvironment
 
-from daedalus.activities.builds import BuildActivities
-from daedalus.activities.gates import GateActivities
-from daedalus.activities.workspace import Workspace
 from daedalus.agents import worktree as wt
+from daedalus.agents.base import command_sandbox
 from daedalus.agents.scripted import ScriptedAgent
 from daedalus.agents.settings import DEFAULT_DENY, AgentSettings
 from daedalus.agents.tools import MAX_OUTPUT, MAX_READ, Toolbox
 from daedalus.config import Settings
-from daedalus.sandbox import Sandbox, SandboxUnavailable, bwrap_binary
+from daedalus.errors import TreeRefused
+from daedalus.sandbox import SandboxUnavailable, bwrap_binary
 from daedalus.schemas.agents import AgentTask, ExitReason
-from daedalus.schemas.gates import GateSpec
-from daedalus.schemas.steps import BuildInput, GateInput
 from tests.agents.conftest import Beats, MakeTask
 from tests.agents.fakes import sleeping, unique_sleep
 from tests.support import make_engine_repo
@@ -52,7 +48,17 @@ def task(make_task: MakeTask) -> AgentTask:
 
 @pytest.fixture
 def box(task: AgentTask) -> Toolbox:
-    return Toolbox(Path(task.worktree), deny=DEFAULT_DENY, shell_timeout_s=20)
+    sandbox = command_sandbox(task, AgentSettings())
+    return Toolbox(Path(task.worktree), deny=DEFAULT_DENY, shell_timeout_s=20, sandbox=sandbox)
+
+
+def host_commit(task: AgentTask) -> str | None:
+    """What the worker does when the agent is done: commit the worktree's files onto the attempt's branch."""
+    captured = wt.capture(
+        repo=Path(task.repo), worktree=Path(task.worktree), base=task.base_commit, branch=task.branch,
+        message="attempt", allowed=["."],
+    )  # fmt: skip
+    return captured.commit
 
 
 @pytest.fixture
@@ -111,10 +117,13 @@ async def test_git_config_cannot_plant_a_command_for_host_git(
 ) -> None:
     marker = tmp_path / "fsmonitor-ran"
     out = await shell(
-        box, f"git -C . config core.fsmonitor 'touch {marker}'; git -C . config --list --show-origin"
+        box,
+        f"git config core.fsmonitor 'touch {marker}'; git config core.hooksPath /tmp;"
+        f" printf '#!/bin/sh\\ntouch {marker}\\n' > .git/hooks/post-commit; chmod +x .git/hooks/post-commit;"
+        " echo 56.0 > speed.txt",
     )
-    # The worker runs git in the worktree afterwards (status, rev-list, commit_all): it must run nothing.
-    wt.git("status", "--porcelain", cwd=Path(task.worktree))
+    # The worker commits the worktree afterwards: its git reads the host's repository, never the agent's.
+    assert host_commit(task) is not None
     assert not marker.exists(), out
     got = subprocess.run(["git", "config", "--get", "core.fsmonitor"], cwd=task.repo, capture_output=True)
     assert got.stdout == b""
@@ -123,27 +132,59 @@ async def test_git_config_cannot_plant_a_command_for_host_git(
 async def test_no_hook_can_be_written_into_the_main_repository(box: Toolbox, task: AgentTask) -> None:
     out = await shell(
         box,
-        'd=$(git rev-parse --git-common-dir); printf "#!/bin/sh\\ntouch /tmp/hooked\\n" > "$d/hooks/post-commit";'
-        ' chmod +x "$d/hooks/post-commit"; git rev-parse --git-common-dir',
+        f'for d in {task.repo}/.git "$(git rev-parse --git-common-dir)"; do'
+        ' printf "#!/bin/sh\\ntouch /tmp/hooked\\n" > "$d/hooks/post-commit"; done; echo tried',
     )
+    assert "tried" in out
     assert not (Path(task.repo) / ".git" / "hooks" / "post-commit").exists(), out
 
 
-async def test_the_worktree_cannot_be_pointed_at_another_git_dir(
-    box: Toolbox, task: AgentTask, tmp_path: Path
-) -> None:
-    """A rewritten `.git` file or `commondir` would make host git read a config the agent wrote."""
-    marker = tmp_path / "redirected"
-    evil = Path(task.worktree) / "evil"
+async def test_the_host_repositorys_head_and_refs_are_out_of_reach(box: Toolbox, task: AgentTask) -> None:
+    """The attack that moved `main` (the worktree's admin HEAD was writable): the agent points its HEAD at main and
+    commits; the host's repository is not mounted, and the host commits the files onto the attempt's branch."""
+    repo = Path(task.repo)
+    main_before = wt.in_repo(repo, "rev-parse", "refs/heads/main")
+    head_before = (repo / ".git" / "HEAD").read_text()
     out = await shell(
         box,
-        f"git init -q evil && git -C evil config core.fsmonitor 'touch {marker}';"
-        f" echo 'gitdir: {evil}/.git' > .git;"
-        f' echo {evil}/.git > "$(git rev-parse --git-dir)/commondir"',
+        "echo 'ref: refs/heads/main' > $(git rev-parse --git-dir)/HEAD; echo 56.0 > speed.txt;"
+        " git add -A; git commit -qm evil; git update-ref refs/heads/main HEAD;"
+        f" echo 'ref: refs/heads/evil' > {repo}/.git/HEAD; git -C {repo} update-ref refs/heads/main HEAD;"
+        " git log --oneline -1",
     )
-    assert (Path(task.worktree) / ".git").read_text().startswith("gitdir: " + task.repo), out
-    wt.git("status", "--porcelain", cwd=Path(task.worktree))
-    assert not marker.exists(), out
+    assert "evil" in out, out  # the agent's own git did what it asked
+    commit = host_commit(task)
+    assert wt.in_repo(repo, "rev-parse", "refs/heads/main") == main_before, out
+    assert (repo / ".git" / "HEAD").read_text() == head_before
+    assert commit is not None and wt.in_repo(repo, "rev-parse", f"refs/heads/{task.branch}") == commit
+    assert wt.changed_paths(repo, task.base_commit, commit) == ["speed.txt"]
+
+
+async def test_the_shared_object_store_is_read_only(box: Toolbox, task: AgentTask) -> None:
+    """The attack that replaced the stored blob of main:README (and could rewrite `objects/info/alternates`)."""
+    repo = Path(task.repo)
+    blob = wt.in_repo(repo, "rev-parse", "main:README")
+    objects = wt.objects_dir(repo)
+    stored = objects / blob[:2] / blob[2:]
+    out = await shell(
+        box,
+        f"chmod u+w {stored}; printf 'agent was here' > {stored}; echo tried-blob;"
+        f" echo /tmp > {objects}/info/alternates; echo tried-alternates;"
+        f" echo x | git hash-object -w --stdin; touch {objects}/planted",
+    )
+    assert "tried-blob" in out and "tried-alternates" in out
+    assert wt.in_repo(repo, "show", "main:README") == "toy engine"
+    assert not (objects / "info" / "alternates").exists() and not (objects / "planted").exists(), out
+
+
+async def test_a_nested_repository_or_a_huge_file_is_not_committed(box: Toolbox, task: AgentTask) -> None:
+    out = await shell(
+        box, "mkdir sub && cd sub && git init -q && git commit -q --allow-empty -m x && echo ok"
+    )
+    assert out.rstrip().endswith("ok"), out
+    with pytest.raises(TreeRefused, match="nested git repository"):
+        host_commit(task)
+    assert wt.branch_head(Path(task.repo), task.branch) == task.base_commit
 
 
 @pytest.fixture
@@ -223,62 +264,20 @@ async def test_scripted_commands_are_sandboxed_and_leave_nothing_running(
     assert not escaped.exists()
 
 
-async def test_a_build_leaves_no_setsid_or_nohup_child(tmp_path: Path) -> None:
-    workspace = Workspace(root=tmp_path / "ws", artifacts=tmp_path / "artifacts")
-    workspace.worktree("t1", 1).mkdir(parents=True)
-    sleep = unique_sleep()
-    command = f"setsid sleep {sleep} >/dev/null 2>&1 & nohup sleep {sleep} >/dev/null 2>&1 & echo built"
-    result = await ActivityEnvironment().run(
-        BuildActivities(workspace).run_build,
-        BuildInput(ticket_id="t1", attempt=1, command=command, timeout_s=30),
-    )
-    assert result.ok, result.log_tail
-    assert sleeping(sleep) == []
-
-
-async def test_a_gate_leaves_no_setsid_child(tmp_path: Path) -> None:
-    workspace = Workspace(root=tmp_path / "ws", artifacts=tmp_path / "artifacts")
-    workspace.worktree("t1", 1).mkdir(parents=True)
-    sleep = unique_sleep()
-    measure = '{"samples": [56.0, 56.1, 55.9], "unit": "tok/s"}'
-    gate = GateSpec.model_validate(
-        {
-            "name": "decode",
-            "metric": "decode_tps",
-            "command": f"setsid sleep {sleep} >/dev/null 2>&1 & echo '{measure}'",
-            "op": ">=",
-            "threshold": 55,
-            "timeout_s": 30,
-        }
-    )
-    await ActivityEnvironment().run(
-        GateActivities(workspace).run_gate, GateInput(ticket_id="t1", attempt=1, gate=gate, host="local")
-    )
-    assert sleeping(sleep) == []
-
-
 async def test_a_normal_agent_edits_and_commits_through_the_sandbox(box: Toolbox, task: AgentTask) -> None:
     await box.call("write_file", {"path": "src/fast.py", "content": "SPEED = 56.0\n"})
     assert await box.call("read_file", {"path": "src/fast.py"}) == "SPEED = 56.0\n"
     assert "fast.py" in await box.call("list_dir", {"path": "src"})
     out = await shell(
-        box, "echo 56.0 > speed.txt && git add -A && git commit -qm 'speed up' && git log --oneline"
-    )
-    assert out.startswith("exit code 0"), out
-    commits = wt.commits_since(Path(task.worktree), task.base_commit)
-    assert len(commits) == 1
-    branch_head = wt.git("rev-parse", f"refs/heads/{task.branch}", cwd=Path(task.repo))
-    assert branch_head == commits[0]
-    assert wt.changed_paths(Path(task.worktree), task.base_commit) == ["speed.txt", "src/fast.py"]
-
-
-async def test_an_agent_cannot_move_another_branch(box: Toolbox, task: AgentTask) -> None:
-    main_before = wt.git("rev-parse", "main", cwd=Path(task.repo))
-    out = await shell(
         box,
-        "git checkout -q main 2>&1; echo x >> README; git commit -qam evil; git update-ref refs/heads/main HEAD",
+        "echo 56.0 > speed.txt && git status --short && git add -A && git commit -qm 'speed up'"
+        " && git log --oneline",
     )
-    assert wt.git("rev-parse", "main", cwd=Path(task.repo)) == main_before, out
+    assert out.startswith("exit code 0") and "speed up" in out, out
+    commit = host_commit(task)
+    assert commit is not None
+    assert wt.branch_head(Path(task.repo), task.branch) == commit
+    assert wt.changed_paths(Path(task.repo), task.base_commit, commit) == ["speed.txt", "src/fast.py"]
 
 
 async def test_reads_are_streamed_and_capped(box: Toolbox) -> None:
@@ -304,7 +303,10 @@ async def test_missing_bubblewrap_says_how_to_install_it(
     with pytest.raises(SandboxUnavailable, match="make system"):
         bwrap_binary()
     with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
-        await Toolbox(Path(task.worktree), deny=DEFAULT_DENY).call("run_shell", {"command": "true"})
+        sandbox = command_sandbox(task, AgentSettings())
+        await Toolbox(Path(task.worktree), deny=DEFAULT_DENY, sandbox=sandbox).call(
+            "run_shell", {"command": "true"}
+        )
 
 
 def test_cli_agents_get_only_their_own_provider_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -336,13 +338,6 @@ def test_cli_agents_get_only_their_own_provider_key(tmp_path: Path, monkeypatch:
         values = set(env.values())
         for name in ("DAEDALUS_SLACK_BOT_TOKEN", "DAEDALUS_API_TOKEN", foreign):
             assert SECRETS[name] not in values
-
-
-def test_a_branch_that_escapes_refs_is_refused(task: AgentTask) -> None:
-    from daedalus.sandbox import SandboxError
-
-    with pytest.raises(SandboxError, match="outside"):
-        Sandbox.for_worktree(Path(task.worktree), branch="../../hooks/x").argv(["true"])
 
 
 def test_credentials_cannot_be_passed_into_sandboxes() -> None:

@@ -85,7 +85,8 @@ async def test_tool_loop_edits_commits_and_counts_usage(
     assert result.claimed_success is True
     worktree = Path(task.worktree)
     assert (worktree / "speed.txt").read_text() == "56.0\n"
-    assert wt.commits_since(worktree, task.base_commit), "the agent committed through the shell tool"
+    # The agent committed through the shell tool, in its checkout's own git (the host commits its files later).
+    assert wt.git(f"--git-dir={worktree / '.git'}", "rev-list", f"{task.base_commit}..HEAD")
     assert (result.usage.input_tokens, result.usage.output_tokens, result.usage.turns) == (4900, 180, 4)
     assert result.usage.cost_source == "estimated" and result.usage.cost_usd is not None
     assert result.usage.cost_usd > 0

@@ -16,6 +16,7 @@ from daedalus.slack.settings import SlackSettings
 from daedalus.store.database import session_scope
 from daedalus.store.records import apply
 from tests.api.conftest import as_, install_tokens
+from tests.support import TEST_AUDIT_KEY
 
 T0 = datetime(2025, 3, 1, 9, 0, tzinfo=UTC)
 
@@ -44,7 +45,7 @@ async def test_audit_filters_by_ticket_actor_and_time(temporal_client: Client, s
         event(b, f"run-{b}", 1, AuditKind.FILED, "mallory", T0 + timedelta(hours=2)),
     ]
     with session_scope(store_engine) as session:
-        assert all(apply(session=session, record=r) for r in records)
+        assert all(apply(session=session, record=r, key=TEST_AUDIT_KEY) for r in records)
     install_tokens(store_engine)
     app = create_app(
         client=temporal_client,

@@ -99,7 +99,10 @@ async def test_a_reserved_ticket_id_is_422_and_starts_nothing(
     ticket_id = f"training-{uuid.uuid4().hex[:6]}"
     spec = ticket_spec(make_engine_repo(tmp_path / "repo"), "h1", id=ticket_id)
     answer = await api.post("/tickets", json=body_of(spec), headers=as_("wayne"))
-    assert answer.status_code == 422 and "reserves for training runs" in answer.json()["detail"]
+    assert (
+        answer.status_code == 422
+        and "reserves for the subjects of training runs and campaigns" in answer.json()["detail"]
+    )
     await assert_no_workflow(temporal_client, ticket_id)
 
 

@@ -19,7 +19,7 @@ from daedalus.slack.settings import SlackSettings
 from daedalus.store import chain
 from daedalus.store.database import session_scope
 from tests.api.conftest import as_, install_tokens
-from tests.support import gate_command, make_engine_repo, running_workers, ticket_spec
+from tests.support import TEST_AUDIT_KEY, gate_command, make_engine_repo, running_workers, ticket_spec
 from tests.ticket_helpers import events, host_of
 
 
@@ -49,6 +49,7 @@ async def policed(
         settings=ApiSettings(update_timeout_s=10),
         slack=SlackSettings(),
         policy=policy_for(host_of(task_queue)),
+        audit_key=TEST_AUDIT_KEY,
     )
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://daedalus"
@@ -101,5 +102,5 @@ async def test_the_api_enforces_the_policy_and_terminates_as_a_last_resort(
     trail = events(store_engine, spec.id)
     assert trail[-1].status == "terminated" and trail[-1].seq == len(trail)
     with session_scope(store_engine) as session:
-        checked, breaks = chain.verify(session, [spec.id])
+        checked, breaks = chain.verify(session, [spec.id], key=TEST_AUDIT_KEY)
     assert checked == len(trail) and not breaks

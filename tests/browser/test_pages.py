@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 from sqlalchemy import Engine
 
 from daedalus.report import build_report, render_html
+from daedalus.schemas.audit import AuditEvent, AuditKind, AuditRecord, TicketSnapshot
+from daedalus.schemas.lessons import Lesson, LessonKind, SubjectKind
+from daedalus.store import lessons
 from daedalus.store.database import session_scope
+from daedalus.store.records import apply
 from tests.browser.conftest import Visit, watch
 from tests.browser.server import serving
 from tests.report.seeded import fill
+from tests.support import TEST_AUDIT_KEY
 
 SECTIONS = {
     "status": "Status",
@@ -130,3 +137,58 @@ async def test_api_docs_render_offline(browser_context: Any, visit: Visit, sqlit
         assert any("/static-offline-docs/swagger-ui-bundle.js" in url for url in visit.requests)
     assert not visit.off_host(), f"the docs asked the network for {visit.off_host()}"
     assert not visit.failed, visit.failed
+
+
+HOSTILE = (
+    "![pixel](https://tracker.example/p.png) [click](https://phish.example/login) <https://auto.example/x> "
+    '<img src="https://raw.example/i.png"> <script>alert(1)</script>'
+)
+
+
+def plant_hostile_text(engine: Engine, since_hours: int = 1) -> None:
+    """A filer's title and a person's lesson holding Markdown and HTML that would load or link outside."""
+    now = datetime.now(UTC)
+    snapshot = TicketSnapshot(
+        ticket_id="hostile", workflow_id="ticket-hostile", run_id="run-hostile", title=f"fix {HOSTILE}"[:200],
+        parent=None, kind="fix", host="mavis", engine="1cat-vllm", agent="codex", status="awaiting_approval",
+        attempts=0, awaiting="wayne", outcome_reason="",
+    )  # fmt: skip
+    event = AuditEvent(
+        workflow_id="ticket-hostile", run_id="run-hostile", seq=1, ticket_id="hostile", kind=AuditKind.FILED,
+        actor="mallory", at=now - timedelta(minutes=5), status="awaiting_approval", summary=f"filed: {HOSTILE}",
+    )  # fmt: skip
+    lesson = Lesson(
+        subject_kind=SubjectKind.ENGINE, subject="1cat-vllm", kind=LessonKind.TRAP, text=HOSTILE,
+        source="mallory", recorded_by="mallory", recorded_at=now - timedelta(minutes=4),
+    )  # fmt: skip
+    with session_scope(engine) as session:
+        apply(session=session, record=AuditRecord(event=event, ticket=snapshot), key=TEST_AUDIT_KEY)
+        lessons.record(session=session, lesson=lesson)
+
+
+async def test_stored_markdown_cannot_make_the_report_load_or_link_anything(
+    browser_context: Any, visit: Visit, sqlite_engine: Engine, tmp_path: Path
+) -> None:
+    """Titles, summaries and lessons are other people's text: in the HTML report they load nothing, link
+    nowhere and run nothing, from a file and from /report (whose CSP header forbids it as well)."""
+    since = fill(sqlite_engine, tmp_path / "artifacts")
+    plant_hostile_text(sqlite_engine)
+    with session_scope(sqlite_engine) as session:
+        text = render_html(build_report(session=session, since=since))
+    assert "tracker.example" in text  # the text is shown, as text
+    for tag in ("<img", "<script", "<a "):
+        assert tag not in text, tag
+    path = tmp_path / "report.html"
+    path.write_text(text)
+    page = await browser_context.new_page()  # no `offline` routing: a fetch would really be attempted
+    watch(page, visit)
+    await page.goto(path.as_uri())
+    assert await page.locator("img").count() == 0 and await page.locator("a[href]").count() == 0
+    assert "tracker.example/p.png" in await page.locator("section#lessons").inner_text()
+    assert not visit.off_host(), visit.off_host()
+    with serving(sqlite_engine, TOKENS) as base:
+        response = await httpx.AsyncClient().get(
+            f"{base}/report", params={"since": "6h"}, headers={"Authorization": f"Bearer {WAYNE}"}
+        )
+    assert response.status_code == 200 and "<img" not in response.text
+    assert "default-src 'none'" in response.headers["content-security-policy"]

@@ -30,8 +30,8 @@ from daedalus.schemas.campaigns import (
     CellResult,
     campaign_workflow_id,
 )
-from daedalus.schemas.ticket import Decision
-from daedalus.services import TicketError
+from daedalus.schemas.ticket import CancelRequest, Decision
+from daedalus.services import TicketError, campaigns
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 from daedalus.store.tables import CampaignRow
@@ -263,3 +263,100 @@ async def test_real_cells_on_this_cpu_with_the_wall_as_a_finding(
     assert len(f16.samples) == spec.rounds and f16.kib_per_token is not None and f16.kib_per_token > 0
     assert turbo3.outcome == "crashed" and turbo3.detail, turbo3
     assert "turbo3" in turbo3.evidence.get("log_tail", "") + turbo3.detail
+
+
+slow_cells: list[str] = []
+
+
+@activity.defn(name="measure_campaign_cell")
+async def slow_cell(request: CellInput) -> CellResult:
+    """A cell that takes a while, so a cancel lands while it is being measured."""
+    slow_cells.append(request.cell.key)
+    await asyncio.sleep(0.5)
+    return CellResult(
+        cell=request.cell,
+        preset=request.cell.preset_name,
+        label=request.spec.label(request.cell.kv),
+        outcome=CellOutcome.MEASURED,
+        decode_tps=50.0,
+        ci_low=49.0,
+        ci_high=51.0,
+        samples=[49.0, 50.0, 51.0],
+        kib_per_token=8.0,
+        needle_found=6,
+        needle_total=6,
+        measured_at=datetime.now(UTC),
+    )
+
+
+async def test_a_campaign_is_cancelled_by_a_decider_mid_sweep_and_says_who_and_why(
+    temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
+) -> None:
+    host = f"hx-{task_queue[-8:]}"
+    spec = load_campaign(EXAMPLES / "local-kv-matrix.yaml").model_copy(
+        update={"host": host, "id": f"x-{task_queue[-8:]}"}
+    )
+    slow_cells.clear()
+    async with (
+        running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, "elsewhere"),
+        Worker(temporal_client, task_queue=host_queue(host), activities=[slow_cell]),
+    ):
+        handle = await temporal_client.start_workflow(
+            CampaignWorkflow.run,
+            CampaignInput(spec=spec, control_queue=task_queue, filed_by="lead"),
+            id=campaign_workflow_id(spec.id),
+            task_queue=task_queue,
+        )
+        while not slow_cells:
+            await asyncio.sleep(0.05)
+        request = CancelRequest(requested_by="mallory", reason="mine now")
+        with pytest.raises(TicketError, match=r"mallory may not cancel campaign .*allowed: .*wayne.*lead"):
+            await campaigns.cancel(temporal_client, spec.id, request)
+        await campaigns.cancel(
+            temporal_client, spec.id, CancelRequest(requested_by="wayne", reason="wrong model")
+        )
+        with pytest.raises(TicketError, match="refused"):
+            await campaigns.cancel(
+                temporal_client, spec.id, CancelRequest(requested_by="wayne", reason="again")
+            )
+        final = await handle.result()
+    assert final.status == "cancelled" and 1 <= final.cells_done < final.cells_total
+    assert len(slow_cells) == final.cells_done, "no cell starts after the cancel"
+    closed = events(sqlite_engine, campaign_workflow_id(spec.id))[-1]
+    assert closed.kind == AuditKind.CLOSED.value and closed.actor == "wayne"
+    assert closed.summary == f"cancelled by wayne after {final.cells_done}/12 cells: wrong model"
+    with session_scope(sqlite_engine) as session:
+        row = session.get(CampaignRow, spec.id)
+        assert row is not None and row.status == "cancelled"
+        assert not queries.decisions(session=session, pending=True)
+
+
+async def test_a_campaign_cancelled_while_its_proposal_waits_withdraws_the_request(
+    temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
+) -> None:
+    host = f"hw-{task_queue[-8:]}"
+    spec = load_campaign(EXAMPLES / "local-kv-matrix.yaml").model_copy(
+        update={"host": host, "id": f"w-{task_queue[-8:]}"}
+    )
+    async with (
+        running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, "elsewhere"),
+        Worker(temporal_client, task_queue=host_queue(host), activities=[scripted_cell]),
+    ):
+        handle = await temporal_client.start_workflow(
+            CampaignWorkflow.run,
+            CampaignInput(spec=spec, control_queue=task_queue, filed_by="lead"),
+            id=campaign_workflow_id(spec.id),
+            task_queue=task_queue,
+        )
+        await wait_status(handle, "awaiting_decision")
+        await campaigns.cancel(
+            temporal_client, spec.id, CancelRequest(requested_by="lead", reason="superseded")
+        )
+        final = await handle.result()
+    assert final.status == "cancelled" and final.cells_done == 12 and final.decision is None
+    closed = events(sqlite_engine, campaign_workflow_id(spec.id))[-1]
+    assert closed.actor == "lead" and closed.summary == "cancelled by lead after 12/12 cells: superseded"
+    with session_scope(sqlite_engine) as session:
+        assert not queries.decisions(session=session, pending=True)
+        [withdrawn] = queries.decisions(session=session)
+        assert withdrawn.note.startswith("withdrawn") and withdrawn.decided_by is None

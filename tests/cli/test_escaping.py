@@ -78,7 +78,9 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "DAEDALUS_HOME": str(home), "COLUMNS": "400", "TERM": "xterm-256color"}
 
 
-@pytest.mark.parametrize("command", [["audit", "--ticket", "evil"], ["ticket", "list"]])
+@pytest.mark.parametrize(
+    "command", [["audit", "--ticket", "evil"], ["ticket", "list"], ["report", "--since", "2000-01-01"]]
+)
 def test_the_cli_shows_hostile_text_without_obeying_it(cli_env: dict[str, str], command: list[str]) -> None:
     done = subprocess.run([DAEDALUS, *command], env=cli_env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -93,7 +93,7 @@ def test_a_wedged_ticket_is_terminated_with_a_closing_event_and_the_trail_verifi
     listed = daedalus(policy_env, "ticket", "list", "--status", "terminated")
     assert ticket_id in listed.stdout
     verified = daedalus(policy_env, "audit", "verify")
-    assert verified.returncode == 0 and "every chain intact" in verified.stdout, verified.stdout
+    assert verified.returncode == 0 and "every chain and seal intact" in verified.stdout, verified.stdout
     again = daedalus(policy_env, "ticket", "terminate", ticket_id, "--as", "wayne", "--reason", "twice")
     assert again.returncode == 2 and "is not running" in again.stderr
 

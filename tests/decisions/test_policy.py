@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from daedalus.decisions.authority import refusal
 from daedalus.decisions.policy import Policy, Role, load_policy, resolve_ticket, resolve_training
@@ -30,7 +31,10 @@ POLICY: dict[str, Any] = {
         "mallory": {"roles": ["filer"]},
         "viewer": {"roles": ["decider"]},
     },
-    "hosts": {"local": {"operators": ["alice"]}, "mavis": {"operators": []}},
+    "hosts": {
+        "local": {"operators": ["alice"], "training_dirs": ["/srv/training"]},
+        "mavis": {"operators": []},
+    },
     "delegations": [{"granted_by": "wayne", "delegate": "lead", "kind": "dispatch"}],
 }
 
@@ -105,7 +109,9 @@ def test_a_policy_naming_a_host_the_registry_lacks_is_refused(tmp_path: Path) ->
 def test_a_gate_only_ticket_waits_for_someone_else_unless_its_filer_operates_the_host() -> None:
     spec, rule = resolve_ticket(policy(), gate_only(), "bob")
     assert rule.required and rule.excluded == ["bob"]
-    assert rule.commands == ["ticket g1 on local: gate decode: nproc"]
+    assert rule.commands == [
+        "ticket g1 on local: gate decode (in an empty directory of the attempt; no network, no secrets, no GPU but those leased to it): nproc"
+    ]
     # Deciders the spec did not choose come from the policy, with their standing delegates.
     assert spec.approval.deciders == ["viewer", "wayne"]
     assert spec.approval.delegates == {"dispatch": ["lead"]}
@@ -147,7 +153,14 @@ def test_a_spec_may_tighten_its_approval() -> None:
         policy(), gate_only(agent=agent, engine=engine, approval={"deciders": ["wayne"]}), "alice"
     )
     assert rule.required and spec.approval.deciders == ["wayne"]
-    assert rule.commands[0] == "ticket g1 on local: scripted agent applies a 1-line patch"
+    assert rule.commands[0] == (
+        "ticket g1 on local: scripted agent applies a 1-line patch in a private checkout of /tmp/r at HEAD, "
+        "no network"
+    )
+    assert rule.commands[1].startswith(
+        "ticket g1 on local: gate decode (in a private checkout of /tmp/r at HEAD; no network, no secrets, no GPU but "
+        "those leased to it): "
+    )
 
 
 def test_only_filers_may_file_and_someone_other_than_the_filer_must_be_able_to_approve() -> None:
@@ -156,7 +169,10 @@ def test_only_filers_may_file_and_someone_other_than_the_filer_must_be_able_to_a
     with pytest.raises(NotAllowed, match="stranger is not in the policy"):
         resolve_ticket(policy(), gate_only(), "stranger")
     alone = policy(delegations=[])
-    with pytest.raises(NotAllowed, match="nobody but its filer wayne could approve its dispatch"):
+    with pytest.raises(
+        NotAllowed,
+        match=r"nobody but its filer wayne \(or someone acting for wayne\) could approve its dispatch",
+    ):
         resolve_ticket(alone, gate_only(approval={"deciders": ["wayne"]}), "wayne")
 
 
@@ -165,7 +181,7 @@ def test_a_training_run_on_a_host_its_starter_does_not_operate_waits_for_a_dispa
         "name": "drafter",
         "host": "local",
         "command": ["python", "train.py"],
-        "checkpoints": {"directory": "c"},
+        "checkpoints": {"directory": "/srv/training/drafter"},
     }
     run = TrainingRunSpec.model_validate(fields)
     _, rule = resolve_training(policy(), run, "bob")
@@ -175,6 +191,41 @@ def test_a_training_run_on_a_host_its_starter_does_not_operate_waits_for_a_dispa
     loose = TrainingRunSpec.model_validate({**fields, "approval": {"deciders": ["bob"]}})
     with pytest.raises(NotAllowed, match=r"training run drafter: approval.deciders names \['bob'\]"):
         resolve_training(policy(), loose, "bob")
+
+
+def test_a_training_run_writes_and_prunes_only_where_its_host_lets_it() -> None:
+    """The attack: a run whose checkpoints are someone else's directory, with a marker every directory has;
+    after approval the pruning would delete all its subdirectories but the newest."""
+    fields: dict[str, Any] = {"name": "drafter", "host": "local", "command": ["python", "train.py"]}
+    for directory, why in (
+        ("/home/carol/models", "outside the directories host local lets training runs write"),
+        ("/srv/training/../../home/carol", "outside the directories"),
+        ("ckpt", "is relative"),
+    ):
+        run = TrainingRunSpec.model_validate({**fields, "checkpoints": {"directory": directory}})
+        with pytest.raises(NotAllowed, match=why):
+            resolve_training(policy(), run, "bob")
+    stray = TrainingRunSpec.model_validate(
+        {**fields, "checkpoints": {"directory": "/srv/training/d"}, "state_dir": "/var/lib/carol"}
+    )
+    with pytest.raises(NotAllowed, match="state_dir /var/lib/carol is outside"):
+        resolve_training(policy(), stray, "bob")
+    with pytest.raises(NotAllowed, match="mavis declares no training_dirs"):
+        resolve_training(policy(), TrainingRunSpec.model_validate(
+            {**fields, "host": "mavis", "checkpoints": {"directory": "/srv/training/d"}}), "bob")  # fmt: skip
+    for marker in (".", "..", "a/b", ""):
+        with pytest.raises(ValidationError, match="marker"):
+            TrainingRunSpec.model_validate(
+                {**fields, "checkpoints": {"directory": "/srv/x", "marker": marker}}
+            )
+    run = TrainingRunSpec.model_validate(
+        {**fields, "env": {"HF_HOME": "/srv/hf"}, "checkpoints": {"directory": "/srv/training/d", "keep": 1}}
+    )
+    _, rule = resolve_training(policy(), run, "bob")
+    shown = "\n".join(rule.commands)
+    assert "with environment variables: HF_HOME" in shown
+    assert "checkpoints under /srv/training/d" in shown and "beyond the newest 1" in shown
+    assert "state" in shown and "artifacts" in shown
 
 
 def test_answering_checks_the_excluded_filer_and_the_policy_as_it_stands() -> None:
@@ -197,7 +248,12 @@ def test_answering_checks_the_excluded_filer_and_the_policy_as_it_stands() -> No
     assert answer("wayne") == (
         "wayne filed ticket g1 and may not decide its dispatch; ask someone else with authority: ['viewer', 'lead']"
     )
-    assert answer("lead") is None and answer("viewer") is None
+    assert answer("viewer") is None
+    # The lead is wayne's standing delegate: approving wayne's own dispatch would be wayne approving it.
+    assert answer("lead") == (
+        "lead decides dispatch decisions for wayne, who may not decide this one (ticket g1 is theirs); ask "
+        "someone else with authority"
+    )
     # The policy changed since filing: the lead is no longer in it.
     people = {name: person for name, person in POLICY["people"].items() if name != "lead"}
     withdrawn = policy(people=people, delegations=[])

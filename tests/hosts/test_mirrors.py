@@ -152,9 +152,13 @@ async def test_an_attempt_works_in_a_worktree_of_the_hosts_mirror(
     assert result.exit_reason is ExitReason.COMMITTED, result.detail
     worktree = workspace.worktree(spec.id, 1)
     assert (worktree / "speed.txt").read_text() == "56.0\n"
-    listed = subprocess.run(["git", "worktree", "list"], cwd=workspace.repo_path(spec.engine), capture_output=True,  # type: ignore[arg-type]
-                            text=True, check=True).stdout  # fmt: skip
-    assert str(worktree) in listed
+    mirror = workspace.repo_path(spec.engine)  # type: ignore[arg-type]
+    # the worktree is a private checkout borrowing the mirror's objects; the host committed onto the mirror
+    alternates = (worktree / ".git" / "objects" / "info" / "alternates").read_text().strip()
+    assert alternates == str((mirror / "objects").resolve())
+    branch = subprocess.run(["git", f"--git-dir={mirror}", "rev-parse", f"refs/heads/daedalus/{spec.id}/attempt-1"],
+                            capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    assert branch == result.commit
 
 
 async def test_an_unreachable_repo_is_an_environment_error_and_no_agent_runs(

@@ -36,7 +36,7 @@ from daedalus.store.database import session_scope
 from daedalus.store.tables import TicketRow
 from daedalus.worker import WorkerConfig, build_workers
 from daedalus.workflows.ticket import TicketWorkflow
-from tests.support import gate_command, make_engine_repo, ticket_spec
+from tests.support import TEST_AUDIT_KEY, TEST_STEPS, gate_command, make_engine_repo, ticket_spec
 from tests.ticket_helpers import host_of, pending
 from tests.workflows.test_ticket_replay import replay_and_keep
 
@@ -52,6 +52,8 @@ async def workers(
 ) -> AsyncIterator[None]:
     """The control worker (with a store) and the given hosts' workers, as `daedalus worker` runs them."""
     config = WorkerConfig(
+        steps=TEST_STEPS,
+        audit_key=TEST_AUDIT_KEY,
         slack=SlackSettings(),
         agent=AgentSettings(),
         control_queue=control_queue,

@@ -26,6 +26,7 @@ from daedalus.schemas.ticket import Decision, DecisionKind, DecisionRequest
 from daedalus.store import campaigns, lessons
 from daedalus.store.database import session_scope
 from daedalus.store.records import apply
+from tests.support import TEST_AUDIT_KEY
 
 GIB = 1024**3
 
@@ -359,7 +360,7 @@ def fill(engine: Engine, artifacts: Path, now: datetime | None = None) -> dateti
     )
     with session_scope(engine) as session:
         for r in records:
-            apply(session=session, record=r)
+            apply(session=session, record=r, key=TEST_AUDIT_KEY)
         campaigns.save(session=session, record=record)
         for kind, text, source in [
             (

@@ -94,6 +94,7 @@ def test_markup_in_titles_is_escaped(sqlite_engine: Engine, tmp_path: Path) -> N
     from daedalus.schemas.audit import AuditKind, AuditRecord
     from daedalus.store.records import apply
     from tests.report.seeded import _event, _snapshot
+    from tests.support import TEST_AUDIT_KEY
 
     with session_scope(sqlite_engine) as session:
         apply(
@@ -102,6 +103,7 @@ def test_markup_in_titles_is_escaped(sqlite_engine: Engine, tmp_path: Path) -> N
                 event=_event("x1", 1, datetime.now(UTC), AuditKind.FILED, "draft", "filed"),
                 ticket=_snapshot("x1", "<script>alert(1)</script> | pipes", "draft"),
             ),
+            key=TEST_AUDIT_KEY,
         )
     with session_scope(sqlite_engine) as session:
         report = build_report(session=session, since=datetime(2000, 1, 1, tzinfo=UTC))

@@ -10,7 +10,14 @@ from daedalus.report import build_report, render_html, render_markdown
 from daedalus.schemas.audit import AuditEvent, AuditKind, AuditRecord
 from daedalus.store.database import session_scope
 from daedalus.store.records import apply
-from tests.support import make_engine_repo, running_workers, start_ticket, ticket_spec, wait_for
+from tests.support import (
+    TEST_AUDIT_KEY,
+    make_engine_repo,
+    running_workers,
+    start_ticket,
+    ticket_spec,
+    wait_for,
+)
 
 
 def death(seq: int, summary: str) -> AuditRecord:
@@ -42,8 +49,8 @@ async def test_report_shows_cards_gates_training_and_pending_decisions(
         await wait_for(handle, lambda s: s.pending_decision is not None)
         await handle.terminate("test over")
     with session_scope(sqlite_engine) as session:
-        apply(session=session, record=death(1, "kernel OOM after 2 h"))
-        apply(session=session, record=death(2, "leak 19 GiB/h, died after 3.5 h"))
+        apply(session=session, record=death(1, "kernel OOM after 2 h"), key=TEST_AUDIT_KEY)
+        apply(session=session, record=death(2, "leak 19 GiB/h, died after 3.5 h"), key=TEST_AUDIT_KEY)
     with session_scope(sqlite_engine) as session:
         report = build_report(session=session, since=datetime.now(UTC) - timedelta(hours=1))
         text = render_markdown(report)

@@ -94,9 +94,9 @@ def test_the_largest_accepted_spec_is_far_below_the_payload_limit() -> None:
     assert len(spec.model_dump_json()) < TEMPORAL_PAYLOAD_LIMIT_BYTES / 4
 
 
-@pytest.mark.parametrize("ticket_id", ["training-drafter", "hunt-drafter-1"])
+@pytest.mark.parametrize("ticket_id", ["training-drafter", "hunt-drafter-1", "campaign-local-kv-matrix"])
 def test_a_reserved_ticket_id_is_refused(ticket_id: str) -> None:
-    with pytest.raises(TicketError, match="reserves for training runs"):
+    with pytest.raises(TicketError, match="reserves for the subjects of training runs and campaigns"):
         parse_spec({**agent_ticket(), "id": ticket_id})
 
 

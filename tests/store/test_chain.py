@@ -13,12 +13,14 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 
+from daedalus.ports import free_port
 from daedalus.schemas.audit import AuditKind
 from daedalus.store import chain
 from daedalus.store.chain import GENESIS, BreakKind
 from daedalus.store.database import make_engine, migrate, session_scope
 from daedalus.store.tables import AuditEventRow
 from tests.store.test_records import record, write
+from tests.support import TEST_AUDIT_KEY
 
 DAEDALUS = str(Path(sys.executable).parent / "daedalus")
 
@@ -173,14 +175,21 @@ def test_audit_verify_command_exits_non_zero_and_names_the_event(tmp_path: Path)
     engine = make_engine(f"sqlite:///{home / 'daedalus.db'}")
     migrate(engine)
     rows = five_events(engine)
-    env = {**os.environ, "DAEDALUS_HOME": str(home), "COLUMNS": "300"}
+    (home / "audit.key").write_text(TEST_AUDIT_KEY.secret.hex())  # the key the events were sealed with
+    env = {
+        **os.environ,
+        "DAEDALUS_HOME": str(home),
+        "COLUMNS": "300",
+        "DAEDALUS_TEMPORAL_PORT": str(free_port()),
+    }
 
     def run() -> subprocess.CompletedProcess[str]:
         command = [DAEDALUS, "audit", "verify"]
         return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
 
     ok = run()
-    assert ok.returncode == 0 and "6 events, every chain intact" in ok.stdout, ok.stdout + ok.stderr
+    assert ok.returncode == 0 and "6 events, every chain and seal intact" in ok.stdout, ok.stdout + ok.stderr
+    assert "Temporal is unreachable" in ok.stdout, "a verify that could not ask Temporal says so"
     sql(engine, "UPDATE audit_events SET actor = 'mallory' WHERE id = :id", id=rows[1].id)
     engine.dispose()
     tampered = run()

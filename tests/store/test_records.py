@@ -15,6 +15,7 @@ from daedalus.store import queries
 from daedalus.store.database import session_scope
 from daedalus.store.records import apply, apply_all
 from daedalus.store.tables import AuditEventRow, DecisionRow, TicketRow, VerdictRow
+from tests.support import TEST_AUDIT_KEY
 
 T0 = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
 
@@ -69,7 +70,7 @@ def record(
 
 def write(engine: Engine, rec: AuditRecord) -> bool:
     with session_scope(engine) as session:
-        return apply(session=session, record=rec)
+        return apply(session=session, record=rec, key=TEST_AUDIT_KEY)
 
 
 def count(engine: Engine, table: type) -> int:
@@ -123,7 +124,7 @@ def test_apply_twice_writes_once(store_engine: Engine) -> None:
 
 def write_all(engine: Engine, records: list[AuditRecord]) -> int:
     with session_scope(engine) as session:
-        return apply_all(session=session, records=records)
+        return apply_all(session=session, records=records, key=TEST_AUDIT_KEY)
 
 
 def test_a_batch_is_written_once_whole_and_chained_in_order(store_engine: Engine) -> None:
@@ -297,7 +298,7 @@ def test_a_failed_write_leaves_nothing_half_made(store_engine: Engine) -> None:
     rec = record(1, kind=AuditKind.FILED, spec={"id": "4"})
     try:
         with session_scope(store_engine) as session:
-            apply(session=session, record=rec)
+            apply(session=session, record=rec, key=TEST_AUDIT_KEY)
             raise RuntimeError("the activity died between apply and commit")
     except RuntimeError:
         pass

@@ -31,16 +31,19 @@ from tests.workflows.test_ticket_replay import replayer
 from tests.workflows.test_training import audit_trail, make_spec, replay, trainers, until, within, workers
 
 
-def policy_for(host: str) -> Policy:
+def policy_for(
+    host: str, training_dirs: tuple[Path, ...] = (), deciders: tuple[str, ...] = ("wayne",)
+) -> Policy:
+    """olga operates `host`; training runs there may write under `training_dirs`."""
     return Policy.model_validate(
         {
             "people": {
-                "wayne": {"roles": ["decider", "filer"]},
+                **{name: {"roles": ["decider", "filer"]} for name in deciders},
                 "lead": {"roles": ["lead"]},
                 "olga": {"roles": ["filer", "operator"]},
                 "bob": {"roles": ["filer"]},
             },
-            "hosts": {host: {"operators": ["olga"]}},
+            "hosts": {host: {"operators": ["olga"], "training_dirs": [str(d) for d in training_dirs]}},
             "delegations": [{"granted_by": "wayne", "delegate": "lead", "kind": "dispatch"}],
         }
     )
@@ -65,7 +68,11 @@ async def test_a_gate_only_ticket_waits_for_a_dispatch_unless_its_filer_operates
         )
         state, request = await pending(handle)
         assert state.status is TicketStatus.AWAITING_APPROVAL and request.kind is DecisionKind.DISPATCH
-        assert f"runs ticket {waiting.id} on {host}: gate decode: {gate_command()}" in request.evidence
+        assert (
+            f"runs ticket {waiting.id} on {host}: gate decode (in a private checkout of {waiting.engine.repo} at "  # type: ignore[union-attr]
+            f"{waiting.engine.base_commit}; no network, no secrets, no GPU but those leased to it): {gate_command()}"  # type: ignore[union-attr]
+            in request.evidence
+        ), request.evidence
         assert request.excluded == ["bob"] and "bob" not in request.allowed
         assert "gate" not in kinds(events(sqlite_engine, waiting.id))  # nothing ran on the host yet
         # An operator of the host files the same kind of ticket: it measures at once.
@@ -91,30 +98,47 @@ async def test_a_gate_only_ticket_waits_for_a_dispatch_unless_its_filer_operates
     )
 
 
-async def test_the_filer_cannot_approve_their_own_dispatch_and_the_lead_approves_for_wayne(
+async def test_the_filer_cannot_approve_their_own_dispatch_nor_can_anyone_acting_for_them(
     temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
 ) -> None:
     host = host_of(task_queue)
-    policy = policy_for(host)
-    # wayne is a decider, but he filed this one: only the lead, by wayne's standing delegation, may approve.
-    spec = ticket_spec(make_engine_repo(tmp_path / "repo"), host, approval={"deciders": ["wayne"]})
+    policy = policy_for(host, deciders=("wayne", "carol"))
+    repo = make_engine_repo(tmp_path / "repo")
+    # wayne alone decides: nobody but wayne, or the lead acting for him, could approve it: refused at filing
+    alone = ticket_spec(repo, host, approval={"deciders": ["wayne"]})
+    with pytest.raises(NotAllowed, match=r"nobody but its filer wayne \(or someone acting for wayne\)"):
+        await daedalus.file_ticket(temporal_client, alone, queue=task_queue, filed_by="wayne", policy=policy)
+    # wayne is a decider, but he filed this one: carol may approve; the lead, his standing delegate, may not.
+    spec = ticket_spec(repo, host, approval={"deciders": ["wayne", "carol"]})
     async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
         handle = await daedalus.file_ticket(
             temporal_client, spec, queue=task_queue, filed_by="wayne", policy=policy
         )
         _, request = await pending(handle)
-        assert request.deciders == ["wayne"] and request.delegates == ["lead"] and request.allowed == ["lead"]
+        assert (
+            request.deciders == ["wayne", "carol"]
+            and request.delegates == []
+            and request.allowed == ["carol"]
+        )
         with Session(sqlite_engine) as session:
             row = session.get(DecisionRow, request.id)
-        assert row is not None and row.deciders == ["lead"]  # the store lists who may answer, not the filer
+        assert row is not None and row.deciders == ["carol"]  # the store lists who may answer, not the filer
         assert any("scripted agent applies a" in line for line in request.evidence)
-        assert any(line.endswith("build: test -f speed.txt") for line in request.evidence)
+        assert any(
+            "build (in a private checkout" in line and line.endswith("test -f speed.txt")
+            for line in request.evidence
+        ), request.evidence
         own = Decision(request_id=request.id, option="approve", decided_by="wayne")
         with pytest.raises(NotAllowed, match=r"wayne filed ticket .* and may not decide its dispatch"):
             await daedalus.decide(temporal_client, own, store=sqlite_engine, policy=policy)
         # The workflow's own validator refuses it too, with no policy at hand.
         with pytest.raises(TicketError, match="may not decide its dispatch"):
             await daedalus.decide(temporal_client, own, store=sqlite_engine)
+        for_wayne = Decision(request_id=request.id, option="approve", decided_by="lead", channel="bot")
+        with pytest.raises(
+            TicketError, match=r"lead may not decide dispatch for ticket .*; allowed: \['carol'\]"
+        ):
+            await daedalus.decide(temporal_client, for_wayne, store=sqlite_engine, policy=policy)
         # Nor may he hand it to someone else: the delegation is refused before anything is written.
         handover = Delegation(granted_by="wayne", delegate="bob")
         with pytest.raises(TicketError, match=r"wayne filed ticket .* cannot delegate it either"):
@@ -122,18 +146,18 @@ async def test_the_filer_cannot_approve_their_own_dispatch_and_the_lead_approves
         still = (await daedalus.status(temporal_client, spec.id)).pending_decision
         assert (
             still is not None
-            and still.delegates == ["lead"]
+            and still.delegates == []
             and "delegated" not in kinds(events(sqlite_engine, spec.id))
         )
         await daedalus.decide(
             temporal_client,
-            Decision(request_id=request.id, option="approve", decided_by="lead", channel="bot"),
+            Decision(request_id=request.id, option="approve", decided_by="carol", channel="bot"),
             store=sqlite_engine,
             policy=policy,
         )
         final = await within(handle.result())
     assert final.status is TicketStatus.PASSED, final.outcome_reason
-    assert [d.decided_by for d in final.decisions] == ["lead"]
+    assert [d.decided_by for d in final.decisions] == ["carol"]
 
 
 async def test_a_spec_that_loosens_its_approval_is_refused_before_anything_starts(
@@ -167,7 +191,7 @@ async def test_a_training_run_waits_for_a_dispatch_unless_its_starter_operates_t
     temporal_client: Client, task_queue: str, tmp_path: Path, sqlite_engine: Engine
 ) -> None:
     spec = make_spec(tmp_path, "--step-s", "0.05")
-    policy = policy_for(spec.host)
+    policy = policy_for(spec.host, (tmp_path,))
     async with workers(temporal_client, task_queue, spec, tmp_path, sqlite_engine, slack=SlackSettings()):
         handle = await daedalus.start_run(
             temporal_client, spec, queue=task_queue, started_by="bob", policy=policy
@@ -179,6 +203,10 @@ async def test_a_training_run_waits_for_a_dispatch_unless_its_starter_operates_t
             status.state is RunState.AWAITING_DECISION and status.trainer_pid is None and not trainers(spec)
         )
         assert any(" ".join(spec.command) in line for line in request.evidence)
+        # Every effect is shown: where it checkpoints and what Daedalus will delete there, state, artifacts.
+        shown = "\n".join(request.evidence)
+        assert f"checkpoints under {tmp_path / 'ckpt'}" in shown and "deletes complete checkpoints" in shown
+        assert str(tmp_path / "state") in shown and str(tmp_path / "artifacts") in shown
         subject = TrainingRunSubject(run=spec.name)
         own = Decision(request_id=request.id, option="approve", decided_by="bob")
         with pytest.raises(NotAllowed, match="bob filed training run"):
@@ -218,7 +246,7 @@ async def test_a_rejected_training_dispatch_never_starts_the_trainer(
     temporal_client: Client, task_queue: str, tmp_path: Path, sqlite_engine: Engine
 ) -> None:
     spec = make_spec(tmp_path, "--step-s", "0.05")
-    policy = policy_for(spec.host)
+    policy = policy_for(spec.host, (tmp_path,))
     async with workers(temporal_client, task_queue, spec, tmp_path, sqlite_engine, slack=SlackSettings()):
         handle = await daedalus.start_run(
             temporal_client, spec, queue=task_queue, started_by="bob", policy=policy
@@ -241,7 +269,7 @@ async def test_a_hunting_ticket_follows_its_runs_dispatch_rule_and_its_starter_c
     hunt = HuntPolicy(engine=EngineRef(name="trainer", kind=EngineKind.VLLM, repo=str(tmp_path)))
     escalate_at_once = RestartPolicy(restart_delay_s=0.2, escalate_after_deaths=1)
     spec = make_spec(tmp_path, "--mib-per-step", "8", "--step-s", "0.05", hunt=hunt, restart=escalate_at_once)
-    policy = policy_for(spec.host)
+    policy = policy_for(spec.host, (tmp_path,))
     async with workers(temporal_client, task_queue, spec, tmp_path, sqlite_engine, slack=SlackSettings()):
         handle = await daedalus.start_run(
             temporal_client, spec, queue=task_queue, started_by="bob", policy=policy

@@ -12,6 +12,7 @@ from temporalio.client import Client
 
 from daedalus import services as daedalus
 from daedalus.agents.settings import AgentSettings
+from daedalus.devserver import DevServer
 from daedalus.schemas.gates import Verdict
 from daedalus.schemas.ticket import (
     AttemptOutcome,
@@ -549,3 +550,64 @@ async def test_a_server_side_policy_refuses_before_the_update(
         by_wayne = by_lead.model_copy(update={"decided_by": "wayne"})
         await daedalus.decide(temporal_client, by_wayne, store=sqlite_engine, policy=only_wayne)
         assert (await handle.result()).status is TicketStatus.PASSED
+
+
+async def test_a_cancellation_sent_to_temporal_is_recorded_as_temporal_with_its_client_and_reason(
+    temporal_client: Client,
+    temporal_server: DevServer,
+    sqlite_engine: Engine,
+    tmp_path: Path,
+    task_queue: str,
+) -> None:
+    """Not through Daedalus (the Temporal CLI, an SDK client): no person decided it, and the trail says who
+    sent it and why, as Temporal's history recorded them."""
+    host = host_of(task_queue)
+    spec = ticket_spec(make_engine_repo(tmp_path / "repo"), host, approval=APPROVAL)
+    async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
+        handle = await daedalus.file_ticket(temporal_client, spec, queue=task_queue, filed_by="wayne")
+        await pending(handle)
+        outsider = await Client.connect(temporal_server.address, identity="ops-laptop")
+        await outsider.get_workflow_handle(handle.id).cancel(reason="cleaning up old tickets")
+        final = await handle.result()
+    assert final.status is TicketStatus.CANCELLED
+    closed = events(sqlite_engine, spec.id)[-1]
+    assert closed.actor == "temporal" and "no person decided it" in closed.summary
+    assert (
+        "requested by the Temporal client 'ops-laptop' with the reason 'cleaning up old tickets'"
+        in closed.summary
+    )
+    assert closed.detail["cancel_requested_by_client"] == "ops-laptop"
+    assert closed.detail["cancel_reason"] == "cleaning up old tickets"
+    assert all(row.actor != "temporal" for row in events(sqlite_engine, spec.id) if row.kind == "decided")
+
+
+async def test_a_refiled_ticket_numbers_its_requests_on_and_its_new_request_waits_in_the_store(
+    temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
+) -> None:
+    """The earlier filing's `x-dispatch-1` was answered; the new filing asks `x-dispatch-2`, which the store
+    lists as pending (an id asked twice used to keep the old, answered row and lose the new request)."""
+    host = host_of(task_queue)
+    spec = ticket_spec(make_engine_repo(tmp_path / "repo"), host, approval=APPROVAL)
+    async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
+        first = await daedalus.file_ticket(temporal_client, spec, queue=task_queue, store=sqlite_engine)
+        _, request = await pending(first)
+        assert request.id == f"{spec.id}-dispatch-1"
+        await daedalus.decide(
+            temporal_client,
+            Decision(request_id=request.id, option="reject", decided_by="wayne"),
+            store=sqlite_engine,
+        )
+        await first.result()
+        second = await daedalus.file_ticket(temporal_client, spec, queue=task_queue, store=sqlite_engine)
+        _, again = await pending(second)
+        assert again.id == f"{spec.id}-dispatch-2"
+        with session_scope(sqlite_engine) as session:
+            waiting = queries.decisions(session=session, ticket_id=spec.id, pending=True)
+            assert [row.request_id for row in waiting] == [again.id]
+        await daedalus.decide(
+            temporal_client,
+            Decision(request_id=again.id, option="approve", decided_by="wayne"),
+            store=sqlite_engine,
+        )
+        final = await second.result()
+    assert final.status is TicketStatus.PASSED, final.outcome_reason

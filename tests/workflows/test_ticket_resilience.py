@@ -39,12 +39,16 @@ async def test_worker_sigkilled_mid_build_resumes_on_a_new_worker(
     """The whole worker (workflows, audit, host steps) dies mid-build; a new one finishes the ticket.
 
     The build step's heartbeat timeout (20 s) is how Temporal learns the worker is gone, so this test waits that
-    long. The first build outlives its worker (its own session) until the retry kills that leftover group.
+    long. The build runs confined, writing only its checkout: it counts its starts there, and its sandbox dies
+    with the worker that started it (nothing of it is left for the retry to find).
     """
     host = host_of(task_queue)
-    starts = tmp_path / "build-starts"
     ghost = f"sleep {random.randint(100_000, 999_999)}"  # only the first build runs it; unique on the machine
-    build = f"echo started >> {starts}; if [ $(wc -l < {starts}) -eq 1 ]; then {ghost}; else sleep 1; fi"
+    build = (
+        "echo started >> build-starts; if [ $(wc -l < build-starts) -eq 1 ]; then "
+        + ghost
+        + "; else sleep 1; fi"
+    )
     spec = ticket_spec(make_engine_repo(tmp_path / "repo"), host, build={"command": build})
     command = worker_command(temporal_server.address, task_queue, host, tmp_path, str(sqlite_engine.url))
     log = tmp_path / "worker.log"
@@ -53,7 +57,8 @@ async def test_worker_sigkilled_mid_build_resumes_on_a_new_worker(
     try:
         await until_ready(first, log)
         handle = await daedalus.file_ticket(temporal_client, spec, queue=task_queue)
-        await wait_for(handle, lambda s: starts.exists())
+        await wait_for(handle, lambda s: any(tmp_path.rglob("build-starts")))
+        [starts] = tmp_path.rglob("build-starts")  # in the attempt's checkout
         first.send_signal(signal.SIGKILL)
         assert first.wait(10) == -signal.SIGKILL
         assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING

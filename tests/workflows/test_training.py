@@ -70,7 +70,7 @@ from daedalus.workflows.training import TrainingRunWorkflow
 from tests.replay_split import replay_split_too, split_tasks_after_local_activities
 from tests.slack.fake_slack import FakeSlack, running_fake_slack
 from tests.slack.test_notify import settings_for
-from tests.support import status_is, wait_for
+from tests.support import TEST_AUDIT_KEY, TEST_STEPS, status_is, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINER = ROOT / "tests" / "fixtures" / "trainer.py"
@@ -121,6 +121,8 @@ async def workers(
     given) and, unless told otherwise, the run's host queue."""
     acts = TrainingActivities(tmp / "artifacts")
     config = WorkerConfig(
+        steps=TEST_STEPS,
+        audit_key=TEST_AUDIT_KEY,
         slack=slack,
         control_queue=task_queue,
         hosts=[],
@@ -413,7 +415,8 @@ async def test_worker_killed_mid_run_reattaches_without_a_second_trainer(
             await until(handle, lambda s: s.continued >= 1 and s.trainer_pid == pid, timeout_s=90)
             assert [p.pid for p in trainers(spec)] == [pid]
             [filing] = (tmp_path / "state" / spec.name).iterdir()  # one start of the run, one state directory
-            assert [p.name for p in filing.iterdir()] == ["incarnation-0001"]
+            # one incarnation, and the record of what the checkpoint directory held before the run (never pruned)
+            assert sorted(p.name for p in filing.iterdir()) == ["checkpoints-before.json", "incarnation-0001"]
             await within(handle.execute_update(TrainingRunWorkflow.stop, StopTraining(requested_by="wayne")))
             final = await within(handle.result())
         assert final.state is RunState.STOPPED

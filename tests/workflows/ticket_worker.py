@@ -17,11 +17,14 @@ from temporalio.client import Client
 from daedalus.payloads import DATA_CONVERTER
 from daedalus.store.database import make_engine
 from daedalus.worker import WorkerConfig, build_workers
+from tests.support import TEST_AUDIT_KEY, TEST_STEPS
 
 
 async def main(address: str, control_queue: str, host: str, tmp: Path, database_url: str | None) -> None:
     client = await Client.connect(address, data_converter=DATA_CONVERTER)
     config = WorkerConfig(
+        steps=TEST_STEPS,
+        audit_key=TEST_AUDIT_KEY,
         control_queue=control_queue,
         hosts=[host],
         workspace_root=tmp / "ws",

@@ -23,20 +23,21 @@ from daedalus.agents.costs import load_usage
 from daedalus.agents.prompt import build_prompt
 from daedalus.agents.registry import CodingAgent, agent_for
 from daedalus.agents.settings import AgentSettings
-from daedalus.errors import AgentConfigError, GitError, InputError, SetupError, maps_errors
+from daedalus.errors import (
+    AgentConfigError,
+    GitError,
+    InputError,
+    OutsideAllowed,
+    SetupError,
+    TreeRefused,
+    maps_errors,
+)
 from daedalus.hosts.mirrors import ENVIRONMENT_ERROR, EngineRepoUnavailable
 from daedalus.sandbox import SandboxError, bwrap_binary
 from daedalus.schemas.agents import AgentResult, AgentTask, AgentUsage, ExitReason
 from daedalus.schemas.steps import AttemptInput
 
 log = structlog.get_logger(__name__)
-
-
-def _checkout_status(repo: Path) -> str | None:
-    """`git status` of a local engine checkout; None for a host's bare mirror, which has no files to change."""
-    if wt.git("rev-parse", "--is-bare-repository", cwd=repo) == "true":
-        return None
-    return wt.git("status", "--porcelain", cwd=repo)
 
 
 class AttemptActivities:
@@ -73,9 +74,7 @@ class AttemptActivities:
             # The host's environment, not the agent: no agent ran, so this spends no attempt (see ENVIRONMENT_ERROR).
             raise ApplicationError(str(error), type=ENVIRONMENT_ERROR, non_retryable=True) from error
         try:
-            base = wt.prepare_worktree(
-                repo=repo, base_commit=spec.engine.base_commit, worktree=worktree, branch=branch
-            )
+            base = await asyncio.to_thread(self.workspace.check_out_attempt, spec, request.attempt, repo)
         except GitError as error:
             raise GitError(f"cannot prepare the attempt's worktree: {error}") from error
         task = AgentTask(
@@ -97,7 +96,6 @@ class AttemptActivities:
             max_turns=settings.max_turns,
         )
         agent = agent_for(spec.agent, settings)
-        repo_status = _checkout_status(repo)
         started = time.time()
         try:
             result = await self._run_or_follow(task, agent, artifacts, base)
@@ -106,32 +104,18 @@ class AttemptActivities:
                 raise  # the activity timed out, not the ticket: the retry follows the same agent
             _write_result(artifacts, _cancelled(task, agent, artifacts, started))
             raise
-        if _checkout_status(repo) != repo_status:
-            result = result.model_copy(
-                update={
-                    "exit_reason": ExitReason.FORBIDDEN,
-                    "detail": f"the agent changed the engine checkout {repo} outside its worktree; "
-                    f"inspect `git -C {repo} status`. {result.detail}",
-                }
-            )
-        elif (
-            result.exit_reason is ExitReason.COMMITTED
-            and not wt.commits_since(worktree, base)
-            and wt.commit_all(
-                worktree,
-                f"ticket {task.ticket_id} attempt {task.attempt}: changes left uncommitted by {agent.name}",
-            )
-        ):
-            result = result.model_copy(
-                update={
-                    "detail": result.detail + "; the agent left its changes "
-                    "uncommitted, daedalus committed them"
-                }
-            )
-        result = verify(task, result, base)
+        result = await asyncio.to_thread(self._settle, task, result, repo, base)
         _write_result(artifacts, result)
         log.info("attempt finished", ticket_id=task.ticket_id, attempt=task.attempt, summary=result.summary())
         return result
+
+    def _settle(self, task: AgentTask, result: AgentResult, repo: Path, base: str) -> AgentResult:
+        """The host commits what the agent left (`settle`), then makes the worktree a clean checkout of that
+        commit for the build and the gates: what they measure is the commit, not the agent's leftovers."""
+        settled = settle(task, result, repo, base)
+        if settled.commit is not None:
+            self.workspace.check_out_attempt_result(task.ticket_id, task.attempt, repo, settled.commit)
+        return settled
 
     async def _run_or_follow(
         self, task: AgentTask, agent: CodingAgent, artifacts: Path, base: str
@@ -154,7 +138,7 @@ class AttemptActivities:
                     keep_on_cancel=_leave_agent_running,
                 )
             return await _wait_for_worker(task, agent, running, artifacts)
-        if wt.commits_since(Path(task.worktree), base):
+        if wt.branch_head(Path(task.repo), task.branch) not in (None, base):
             return _committed_earlier(task, agent, artifacts)
         try:
             return await agent.run(
@@ -256,43 +240,39 @@ def _recorded(
     )
 
 
-def verify(task: AgentTask, result: AgentResult, base: str) -> AgentResult:
-    """The agent's word never decides: only a commit on the branch, inside the allowed paths, counts."""
+def settle(task: AgentTask, result: AgentResult, repo: Path, base: str) -> AgentResult:
+    """The agent's word never decides: the host commits the worktree's files onto the attempt's branch itself,
+    and only a commit inside the allowed paths counts. An attempt that did not finish commits nothing."""
     worktree = Path(task.worktree)
-    commits = wt.commits_since(worktree, base)
-    if not commits:
-        if result.exit_reason is ExitReason.COMMITTED:
-            return result.model_copy(
-                update={
-                    "exit_reason": ExitReason.NO_COMMIT,
-                    "commit": None,
-                    "detail": f"no commit on {task.branch} and nothing changed; {result.detail}",
-                }
-            )
+    if result.exit_reason is not ExitReason.COMMITTED:
+        # An attempt that timed out, overspent, failed or was cancelled does not count, whatever it left.
         return result.model_copy(update={"commit": None})
-    outside = wt.outside_allowed(wt.changed_paths(worktree, base), task.allowed_paths)
-    if outside:
+    message = f"ticket {task.ticket_id} attempt {task.attempt}: {task.title}\n\nBy {result.agent}."
+    try:
+        captured = wt.capture(
+            repo=repo, worktree=worktree, base=base, branch=task.branch, message=message,
+            allowed=task.allowed_paths,
+        )  # fmt: skip
+    except OutsideAllowed as outside:
         return result.model_copy(
             update={
                 "exit_reason": ExitReason.FORBIDDEN,
                 "commit": None,
-                "diff_stat": wt.diff_stat(worktree, base),
-                "detail": f"the commit touches paths the spec does not allow: {outside}; allowed: {task.allowed_paths}",
+                "diff_stat": outside.diff_stat,
+                "detail": f"the change touches paths the spec does not allow: {outside.paths}; "
+                f"allowed: {task.allowed_paths}",
             }
         )
-    if result.exit_reason is not ExitReason.COMMITTED:
-        # A commit from an attempt that timed out, overspent or was cancelled does not count.
+    except TreeRefused as refused:
+        return result.model_copy(
+            update={"exit_reason": ExitReason.FORBIDDEN, "commit": None, "detail": str(refused)}
+        )
+    if captured.commit is None:
         return result.model_copy(
             update={
+                "exit_reason": ExitReason.NO_COMMIT,
                 "commit": None,
-                "diff_stat": wt.diff_stat(worktree, base),
-                "detail": f"{result.detail}; its commit {commits[0][:10]} is not counted",
+                "detail": f"the worktree is unchanged from {base[:12]}; {result.detail}",
             }
         )
-    return result.model_copy(
-        update={
-            "commit": commits[0],
-            "diff_stat": wt.diff_stat(worktree, base),
-            "exit_reason": ExitReason.COMMITTED,
-        }
-    )
+    return result.model_copy(update={"commit": captured.commit, "diff_stat": captured.diff_stat})

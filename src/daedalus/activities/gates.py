@@ -1,4 +1,5 @@
-"""Run a gate's measuring command on the ticket's host and decide its verdict (MEASUREMENT.md)."""
+"""Run a gate's measuring command on the ticket's host, confined (activities/confined.py), and decide its verdict
+(MEASUREMENT.md). The command's output is read by the worker outside the sandbox; the verdict is the worker's."""
 
 import json
 import os
@@ -7,22 +8,22 @@ from pathlib import Path
 from pydantic import ValidationError
 from temporalio import activity
 
+from daedalus.activities.confined import ConfinedSteps, limits_note
 from daedalus.activities.refs import RUN_GATE
-from daedalus.activities.workspace import Workspace
-from daedalus.agents.worktree import prepare_worktree
 from daedalus.errors import GitError, maps_errors
 from daedalus.gates.verdicts import decide
 from daedalus.hosts.mirrors import EngineRepoUnavailable
 from daedalus.paths import UnsafePathError, contained
-from daedalus.processes import log_tail, run_logged
+from daedalus.processes import log_tail
 from daedalus.schemas.gates import GateMeasurement, GateResult, Verdict
 from daedalus.schemas.limits import GATE_OUTPUT_BYTES, MAX_GATE_SAMPLES
 from daedalus.schemas.steps import GateInput
 
 
 class GateActivities:
-    def __init__(self, workspace: Workspace):
-        self.workspace = workspace
+    def __init__(self, steps: ConfinedSteps):
+        self.steps = steps
+        self.workspace = steps.workspace
 
     @activity.defn(name=RUN_GATE.name)
     @maps_errors
@@ -44,17 +45,21 @@ class GateActivities:
                 self._checkout_as_it_stands(request, workdir)
             except (GitError, EngineRepoUnavailable) as error:
                 return self._invalid(request, f"cannot check out what to measure: {error}", {})
-        finished = await run_logged(
+        finished = await self.steps.run(
             gate.command,
-            cwd=workdir,
+            ticket_id=request.ticket_id,
+            attempt=request.attempt,
+            scratch=artifacts / f"{stem}-scratch",
             log_path=log_path,
             stdout_path=stdout_path,
             timeout_s=gate.timeout_s,
-            env=request.lease.environment() if request.lease else None,
             heartbeat=activity.heartbeat,
             pidfile=pidfile,
+            lease=request.lease,
         )
         evidence = {"stdout": str(stdout_path), "log": str(log_path)}
+        if finished.limits_hit:
+            return self._invalid(request, f"gate command {limits_note(finished)}", evidence)
         if finished.timed_out or finished.returncode != 0:
             what = (
                 f"timed out after {gate.timeout_s}s"
@@ -66,6 +71,8 @@ class GateActivities:
             measurement = parse_measurement(read_tail(stdout_path, GATE_OUTPUT_BYTES))
         except ValueError as error:
             return self._invalid(request, str(error), evidence)
+        if finished.unlimited:
+            evidence["limits"] = finished.unlimited
         measurement = measurement.model_copy(update={"evidence": {**measurement.evidence, **evidence}})
         return decide(gate, measurement, host=request.host, commit=request.commit)
 
@@ -75,9 +82,9 @@ class GateActivities:
         if request.engine is None:
             workdir.mkdir(parents=True, exist_ok=True)
             return
-        repo = self.workspace.sync_engine(request.engine, request.host)
-        branch = f"daedalus/{request.ticket_id}/as-it-stands"
-        prepare_worktree(repo=repo, base_commit=request.engine.base_commit, worktree=workdir, branch=branch)
+        self.workspace.check_out_as_it_stands(
+            request.ticket_id, request.attempt, request.engine, request.host
+        )
 
     @staticmethod
     def _invalid(request: GateInput, reason: str, evidence: dict[str, str]) -> GateResult:

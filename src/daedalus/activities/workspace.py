@@ -1,14 +1,18 @@
-"""Where a host keeps each attempt's worktree and artifacts."""
+"""Where a host keeps each attempt's worktree and artifacts, and the checkouts its steps run in."""
 
+import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from daedalus.agents import worktree as wt
 from daedalus.hosts.mirrors import EngineRepoUnavailable, is_url, mirror_path, resolve_commit, sync_mirror
 from daedalus.paths import contained
-from daedalus.schemas.ticket import EngineRef
+from daedalus.schemas.ticket import EngineRef, TicketSpec
 
 FILING_MARKER = "filing"
+CHECKOUT_RECORD = "checkout.json"
+"""Which host repository an attempt's worktree borrows from: written by the host, never read from the worktree."""
 
 
 @dataclass(frozen=True)
@@ -53,8 +57,7 @@ class Workspace:
 
         A ticket id filed again after its earlier workflow closed must not find that filing's result, worktree
         or branch and take them for its own: they are set aside (renamed with the old filing's id), not deleted.
-        So is a worktree or branch no filing's marker claims (a claim that failed half-way), and a worktree left
-        by a repo that was since replaced (the demo's, made anew on each run), which git cannot remove.
+        So is a worktree or branch no filing's marker claims (a claim that failed half-way).
         """
         artifacts = self.artifacts / "tickets" / ticket_id / f"attempt-{attempt}"
         marker = artifacts / FILING_MARKER
@@ -65,15 +68,51 @@ class Workspace:
         if artifacts.exists():
             artifacts.rename(artifacts.with_name(f"{artifacts.name}.{suffix}"))
         worktree, branch = self.worktree(ticket_id, attempt), wt.branch_name(ticket_id, attempt)
-        made = repo.exists()  # a host's mirror of a URL is made by the attempt's sync, after this
-        if made and wt.is_worktree_of(repo, worktree):
-            wt.git("worktree", "remove", "--force", str(worktree), cwd=repo)
-        elif worktree.exists():
+        if worktree.exists():
             worktree.rename(worktree.with_name(f"{worktree.name}.{suffix}"))
-        if made and wt.branch_exists(repo, branch):
-            wt.git("branch", "-m", branch, f"{branch}.{suffix}", cwd=repo)
+        if repo.exists() and wt.branch_exists(
+            repo, branch
+        ):  # a host's mirror is made by the sync, after this
+            wt.in_repo(repo, "branch", "-m", branch, f"{branch}.{suffix}")
         artifacts.mkdir(parents=True, exist_ok=True)
         marker.write_text(filing)
+
+    def check_out_attempt(self, spec: TicketSpec, attempt: int, repo: Path) -> str:
+        """The attempt's branch at the base commit in the host's repo, and its worktree: a private checkout of
+        the branch (kept if it exists: a retry finds the agent's work again). Returns the base commit's sha."""
+        assert spec.engine is not None
+        self._record_checkout(spec.id, attempt, repo)
+        return wt.prepare_worktree(
+            repo=repo,
+            base_commit=spec.engine.base_commit,
+            worktree=self.worktree(spec.id, attempt),
+            branch=wt.branch_name(spec.id, attempt),
+        )
+
+    def check_out_attempt_result(self, ticket_id: str, attempt: int, repo: Path, commit: str) -> None:
+        """The worktree made anew as a clean checkout of the attempt's commit: the build and the gates run on
+        what was committed, never on what the agent left beside it (or wrote into its own git)."""
+        worktree = self.worktree(ticket_id, attempt)
+        if worktree.exists():
+            shutil.rmtree(worktree)
+        wt.check_out(repo=repo, commit=commit, dest=worktree, branch=wt.branch_name(ticket_id, attempt))
+
+    def check_out_as_it_stands(self, ticket_id: str, attempt: int, engine: EngineRef, host: str) -> None:
+        """A gate of a ticket without an agent measures its engine at the base commit."""
+        repo = self.sync_engine(engine, host)
+        self._record_checkout(ticket_id, attempt, repo)
+        wt.check_out(repo=repo, commit=engine.base_commit, dest=self.worktree(ticket_id, attempt))
+
+    def _record_checkout(self, ticket_id: str, attempt: int, repo: Path) -> None:
+        record = self.attempt_artifacts(ticket_id, attempt) / CHECKOUT_RECORD
+        record.write_text(json.dumps({"repo": str(repo.resolve())}))
+
+    def borrowed_objects(self, ticket_id: str, attempt: int) -> Path | None:
+        """The object store the attempt's worktree borrows, from the host's own record of its checkout."""
+        record = self.attempt_artifacts(ticket_id, attempt) / CHECKOUT_RECORD
+        if not record.is_file():
+            return None
+        return wt.objects_dir(Path(json.loads(record.read_text())["repo"]))
 
     def attempt_artifacts(self, ticket_id: str, attempt: int) -> Path:
         path = contained(self.artifacts, "tickets", ticket_id, f"attempt-{attempt}")

@@ -14,6 +14,7 @@ import psutil
 
 from daedalus.agents.costs import CostMeter
 from daedalus.agents.settings import AgentSettings
+from daedalus.agents.worktree import objects_dir
 from daedalus.sandbox import Sandbox
 from daedalus.schemas.agents import AgentResult, AgentTask, ExitReason
 
@@ -74,7 +75,7 @@ def command_sandbox(task: AgentTask, settings: AgentSettings) -> Sandbox:
     passed = {name: os.environ[name] for name in settings.sandbox_pass_env if name in os.environ}
     return Sandbox.for_worktree(
         Path(task.worktree),
-        branch=task.branch,
+        objects=objects_dir(Path(task.repo)),
         read_only=settings.sandbox_read_only,
         writable=settings.sandbox_writable,
         env=passed,

@@ -34,6 +34,7 @@ from daedalus.agents.costs import CostMeter
 from daedalus.agents.prompt import build_prompt, claimed_success, reported_traps
 from daedalus.agents.settings import AgentSettings
 from daedalus.agents.tools import Toolbox
+from daedalus.agents.worktree import objects_dir
 from daedalus.errors import AgentConfigError, AgentViolation, BudgetExceeded, ForbiddenCommand, PathEscape
 from daedalus.processes import end_step, kill_group, step_token
 from daedalus.sandbox import Sandbox
@@ -114,7 +115,7 @@ class CliAgent(ABC):
         passed = {name: os.environ[name] for name in self.settings.sandbox_pass_env if name in os.environ}
         return Sandbox.for_worktree(
             Path(task.worktree),
-            branch=task.branch,
+            objects=objects_dir(Path(task.repo)),
             network=self.settings.sandbox_cli_network,
             home=artifacts / "home",
             read_only=[binary, binary.resolve(), *self.settings.sandbox_read_only],
@@ -223,7 +224,7 @@ class CliAgent(ABC):
         toolbox = Toolbox(
             Path(task.worktree),
             deny=self.settings.deny_commands,
-            sandbox=Sandbox.for_worktree(Path(task.worktree), branch=task.branch),
+            sandbox=Sandbox.for_worktree(Path(task.worktree), objects=objects_dir(Path(task.repo))),
         )
         parser = self.parser(task, meter, toolbox)
         beat = Throttle(heartbeat)

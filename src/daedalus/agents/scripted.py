@@ -1,4 +1,4 @@
-"""The scripted agent: applies the spec's patch and runs its commands, then commits. Demos and tests only.
+"""The scripted agent: applies the spec's patch and runs its commands. Demos and tests only.
 
 A command that prints a `TRAP:` line reports a trap, as a model agent's final message would."""
 
@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from daedalus.agents import worktree as wt
 from daedalus.agents.base import RUNNING_FILE, Heartbeat, RunningRecord, command_sandbox
 from daedalus.agents.prompt import reported_traps
 from daedalus.agents.settings import AgentSettings
@@ -23,10 +22,10 @@ LOG_FILE = "transcript.log"
 
 
 class ScriptedAgent:
-    """Deterministic stand-in for a coding agent: `git apply` the patch, run the commands, commit.
+    """Deterministic stand-in for a coding agent: `git apply` the patch, run the commands.
 
-    The patch is applied and the commands run in the worktree's sandbox, like any agent's commands; only the
-    final commit is Daedalus's own (on the host, hooks skipped)."""
+    The patch is applied and the commands run in the worktree's sandbox, like any agent's commands; the host
+    then commits what they left, as it does for every agent (daedalus.agents.worktree.capture)."""
 
     name = "scripted"
     label = LABEL
@@ -53,14 +52,13 @@ class ScriptedAgent:
         def beat() -> None:
             heartbeat({"agent": self.name})
 
-        def result(reason: ExitReason, detail: str, commit: str | None = None) -> AgentResult:
+        def result(reason: ExitReason, detail: str) -> AgentResult:
             return AgentResult(
                 ticket_id=task.ticket_id,
                 attempt=task.attempt,
                 agent=LABEL,
                 exit_reason=reason,
                 branch=task.branch,
-                commit=commit,
                 transcript=str(log_path),
                 # No model ran: there are no tokens, and no provider to report a cost. Say so, not "$0.00".
                 usage=AgentUsage(cost_usd=None, cost_source="unavailable", model=None),
@@ -95,10 +93,4 @@ class ScriptedAgent:
                 return result(
                     ExitReason.FAILED, f"command {command!r} exited {done.returncode}: {done.tail(800)}"
                 )
-        if not wt.commit_all(
-            worktree, f"ticket {task.ticket_id} attempt {task.attempt} (scripted)", author="daedalus-scripted"
-        ):
-            return result(ExitReason.NO_COMMIT, "the patch and commands changed nothing")
-        return result(
-            ExitReason.COMMITTED, "applied the spec's patch", commit=wt.git("rev-parse", "HEAD", cwd=worktree)
-        )
+        return result(ExitReason.COMMITTED, "applied the spec's patch")

@@ -17,6 +17,7 @@ from daedalus.api.limits import MAX_BODY_BYTES, BodyLimit
 from daedalus.api.settings import ApiSettings
 from daedalus.decisions.policy import Policy
 from daedalus.slack.settings import SlackSettings
+from daedalus.store.seals import AuditKey
 
 
 def create_app(
@@ -30,6 +31,7 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     hosts_file: Path | None = None,
     policy: Policy | None = None,
+    audit_key: AuditKey | None = None,
 ) -> FastAPI:
     """The API over one Temporal client (given, or connected on first use by `client_factory`) and one store;
     its settings come from the entry point (`daedalus api serve` builds them once), and so does the server's
@@ -62,6 +64,7 @@ def create_app(
         client_factory=client_factory,
         hosts_file=hosts_file,
         policy=policy,
+        audit_key=audit_key,
     )
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_exception_handler(RequestValidationError, validation_handler)

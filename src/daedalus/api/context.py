@@ -19,6 +19,7 @@ from daedalus.errors import RegistryError, TicketError
 from daedalus.hosts.registry import Registry, load_registry
 from daedalus.slack.settings import SlackSettings
 from daedalus.store import tokens
+from daedalus.store.seals import AuditKey
 
 ClientFactory = Callable[[], Awaitable[Client]]
 
@@ -32,8 +33,19 @@ class ApiContext:
     client_factory: ClientFactory
     hosts_file: Path | None = None
     policy: Policy | None = None
+    audit_key: AuditKey | None = None
     _client: Client | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def require_audit_key(self) -> AuditKey:
+        """The key a route that writes audit events seals them with; 503 where the API was started without."""
+        if self.audit_key is None:
+            raise HTTPException(
+                status.HTTP_503_SERVICE_UNAVAILABLE,
+                "this API was started without the audit key, so it cannot write audit events; start it with "
+                "DAEDALUS_AUDIT_KEY (or DAEDALUS_AUDIT_KEY_FILE) set as the control worker's",
+            )
+        return self.audit_key
 
     async def client(self) -> Client:
         """Connect once, on first use (ASGI lifespan does not run under every server or test transport)."""

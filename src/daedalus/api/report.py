@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 
@@ -12,6 +13,7 @@ from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from daedalus.api.context import Caller, Context
 from daedalus.api.hosts import waiting_lines
 from daedalus.report import build_report, render_html, render_markdown
+from daedalus.report.render import CONTENT_SECURITY_POLICY
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 from daedalus.store.tables import TicketRow
@@ -20,19 +22,23 @@ router = APIRouter(tags=["report"])
 MAX_WINDOW = timedelta(days=366)
 
 
+WINDOW = re.compile(r"^(?P<number>[0-9]{1,9})(?P<unit>[mhd])$")
+"""ASCII digits only (`²` is a digit to str.isdigit), and few enough that the product cannot overflow."""
+UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400}
+
+
 def parse_window(text: str) -> timedelta:
     """`30m`, `24h`, `7d` -> a timedelta; anything else is refused with the accepted forms."""
-    units = {"m": 60, "h": 3600, "d": 86400}
-    number, unit = text[:-1], text[-1:]
-    if unit not in units or not number.isdigit() or int(number) < 1:
+    match = WINDOW.match(text)
+    if match is None or int(match["number"]) < 1:
         raise HTTPException(
             status.HTTP_422_UNPROCESSABLE_CONTENT,
             f"since={text!r} is not a window; use a number with m, h or d (30m, 24h, 7d)",
         )
-    window = timedelta(seconds=int(number) * units[unit])
-    if window > MAX_WINDOW:
+    seconds = int(match["number"]) * UNIT_SECONDS[match["unit"]]
+    if seconds > MAX_WINDOW.total_seconds():
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"since={text!r} is longer than 366 days")
-    return window
+    return timedelta(seconds=seconds)
 
 
 @router.get(
@@ -61,6 +67,7 @@ async def report(
         return render_html(built) if format == "html" else render_markdown(built)
 
     text = await asyncio.to_thread(render)
+    headers = {"Content-Security-Policy": CONTENT_SECURITY_POLICY, "X-Content-Type-Options": "nosniff"}
     if format == "md":
-        return PlainTextResponse(text, media_type="text/markdown; charset=utf-8")
-    return HTMLResponse(text)
+        return PlainTextResponse(text, media_type="text/markdown; charset=utf-8", headers=headers)
+    return HTMLResponse(text, headers=headers)

@@ -44,7 +44,13 @@ async def file_ticket(
     registry = context.registry() if context.hosts_file is not None else None
     try:
         handle = await tickets.file_ticket(
-            client, spec, queue=context.control_queue, filed_by=caller, hosts=registry, policy=context.policy
+            client,
+            spec,
+            queue=context.control_queue,
+            filed_by=caller,
+            hosts=registry,
+            policy=context.policy,
+            store=context.engine,
         )
     except TicketError as error:
         raise refusal(error) from error
@@ -184,6 +190,7 @@ async def terminate(
             by=request.requested_by,
             reason=request.reason,
             store=context.engine,
+            key=context.require_audit_key(),
             policy=context.policy,
         )
     except TicketError as error:

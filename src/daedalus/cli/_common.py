@@ -27,6 +27,7 @@ from daedalus.store.database import make_engine, migrate
 if TYPE_CHECKING:
     from daedalus.hosts.registry import Registry
     from daedalus.hosts.status import TicketOnHost
+    from daedalus.store.seals import AuditKey
 
 T = TypeVar("T")
 
@@ -102,6 +103,16 @@ def store(settings_: Settings | None = None) -> Engine:
     engine = make_engine((settings_ or settings()).store_url)
     migrate(engine)
     return engine
+
+
+def audit_key() -> AuditKey:
+    """The key this stack's audit events are sealed with (made under home the first time)."""
+    try:
+        key = settings().audit_key(create=True)
+    except SetupError as error:
+        fail(str(error))
+    assert key is not None
+    return key
 
 
 def registry() -> Registry:

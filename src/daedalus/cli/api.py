@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from daedalus.cli import _common
-from daedalus.cli._common import client, console, store
+from daedalus.cli._common import audit_key, client, console, store
 
 app = typer.Typer(help="The HTTP API.", no_args_is_help=True)
 
@@ -54,6 +54,7 @@ def serve(
         slack=settings.slack,
         hosts_file=settings.hosts_file,
         policy=policy,
+        audit_key=audit_key(),
     )
     console.print(
         f"Daedalus API on http://{host}:{port} (docs at /docs); Temporal at {settings.temporal.target}"

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 from temporalio.client import WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -14,6 +13,7 @@ from temporalio.service import RPCError
 
 from daedalus.cli import _common
 from daedalus.cli._common import client, console, fail, run
+from daedalus.escaping import for_terminal
 from daedalus.schemas import search_attributes
 from daedalus.schemas.campaigns import CampaignInput, CampaignStatus, campaign_workflow_id
 from daedalus.schemas.ui import campaign_summary
@@ -92,7 +92,7 @@ def start(
             f"campaign {spec.id} is already running (workflow {campaign_workflow_id(spec.id)}); use another id"
         )
     console.print(
-        f"campaign {escape(spec.id)} started ({workflow_id}): {len(spec.cells())} cells on {spec.host}"
+        f"campaign {for_terminal(spec.id)} started ({workflow_id}): {len(spec.cells())} cells on {spec.host}"
     )
 
 
@@ -110,14 +110,47 @@ def status(campaign_id: str) -> None:
     except RPCError as error:
         fail(f"campaign {campaign_id}: {error.message}")
     console.print(
-        f"campaign {escape(campaign_id)}: {state.status}; {state.cells_done}/{state.cells_total} cells, "
+        f"campaign {for_terminal(campaign_id)}: {state.status}; {state.cells_done}/{state.cells_total} cells, "
         f"{state.cells_crashed} crashed"
     )
     if state.proposal is not None:
         console.print(
-            f"proposal: {escape(state.proposal.preset or 'none')} — {escape(state.proposal.reason)}"
+            f"proposal: {for_terminal(state.proposal.preset or 'none')} — {for_terminal(state.proposal.reason)}"
         )
         if state.status == "awaiting_decision":
             console.print(
                 f"answer with: daedalus decide campaign-{campaign_id}-escalation-1 adopt --as <decider>"
             )
+
+
+@app.command()
+def cancel(
+    campaign_id: str,
+    reason: Annotated[str, typer.Option(help="why, kept in the closing audit event")],
+    as_: Annotated[
+        str | None, typer.Option("--as", help="who cancels: a decider of it, or who started it")
+    ] = None,
+) -> None:
+    """Stop a running campaign after the cell it is measuring, or its waiting proposal; the trail says who and why."""
+    from pydantic import ValidationError
+
+    from daedalus.errors import TicketError
+    from daedalus.schemas.ticket import CancelRequest
+    from daedalus.services import campaigns
+
+    try:
+        request = CancelRequest(requested_by=(as_ or "lead").lower(), reason=reason)
+    except ValidationError as error:
+        fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()))
+
+    async def go() -> CampaignStatus:
+        return await campaigns.cancel(await client(), campaign_id, request)
+
+    try:
+        state = run(go())
+    except TicketError as error:
+        fail(str(error))
+    console.print(
+        f"campaign {for_terminal(campaign_id)}: cancel requested by {request.requested_by}; it stops after the "
+        f"current cell ({state.cells_done}/{state.cells_total} done)"
+    )

@@ -139,7 +139,12 @@ async def _drive(
         )
         console.print(f"3. Temporal: {where}; workers for the control queue and host-{spec.host}")
         handle = await tickets.file_ticket(
-            stack.client, spec, queue=settings.temporal.control_queue, filed_by=FILER, policy=policy
+            stack.client,
+            spec,
+            queue=settings.temporal.control_queue,
+            filed_by=FILER,
+            policy=policy,
+            store=stack.engine,
         )
         console.print(f"4. filed ticket [bold]{shown(spec.id)}[/bold] as workflow {shown(handle.id)}")
         console.print(

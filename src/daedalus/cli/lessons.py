@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 from pydantic import ValidationError
-from rich.markup import escape
 from rich.table import Table
 
 from daedalus.cli._common import console, fail, store
+from daedalus.escaping import for_terminal
 from daedalus.schemas.lessons import Lesson, LessonKind, SubjectKind
 from daedalus.store import lessons as lesson_store
 from daedalus.store import queries
@@ -43,7 +43,9 @@ def add(
         fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()))
     with session_scope(store()) as session:
         new = lesson_store.record(session=session, lesson=lesson)
-    console.print(f"lesson recorded on {subject_kind.value} {escape(subject)}" if new else "already recorded")
+    console.print(
+        f"lesson recorded on {subject_kind.value} {for_terminal(subject)}" if new else "already recorded"
+    )
 
 
 @app.command("list")
@@ -56,6 +58,6 @@ def list_(
         rows = queries.lessons(session=session, engine=engine, host=host)
     table = Table("recorded", "kind", "subject", "lesson", "source")
     for row in rows:
-        table.add_row(f"{row.recorded_at:%Y-%m-%d}", row.kind, f"{row.subject_kind} {escape(row.subject)}",
-                      escape(row.text), escape(row.source or "-"))  # fmt: skip
+        table.add_row(f"{row.recorded_at:%Y-%m-%d}", row.kind, f"{row.subject_kind} {for_terminal(row.subject)}",
+                      for_terminal(row.text), for_terminal(row.source or "-"))  # fmt: skip
     console.print(table)

@@ -15,7 +15,17 @@ from rich.markdown import Markdown
 from rich.table import Table
 
 from daedalus import services as tickets
-from daedalus.cli._common import client, console, fail, policy, run, settings, store, waiting_on_hosts
+from daedalus.cli._common import (
+    audit_key,
+    client,
+    console,
+    fail,
+    policy,
+    run,
+    settings,
+    store,
+    waiting_on_hosts,
+)
 from daedalus.cli.remote import Remote, local_person, shared_stack
 from daedalus.escaping import for_terminal as shown
 from daedalus.hosts.registry import RegistryError, load_registry
@@ -29,12 +39,13 @@ from daedalus.schemas.ticket import (
     TicketState,
 )
 from daedalus.services import TicketError, termination
-from daedalus.store import chain, queries
+from daedalus.store import queries
 from daedalus.store.database import session_scope
 from daedalus.store.tables import AuditEventRow, TicketRow
 
 if TYPE_CHECKING:
     from daedalus.api.models import AuditEventPublic, TicketSummary
+    from daedalus.services.audit import Verification
 
 M = TypeVar("M", bound=BaseModel)
 AS_HELP = "who acts; against a shared stack (DAEDALUS_API_URL) only your token's person, and the default"
@@ -87,6 +98,7 @@ def create(
             filed_by=filer,
             hosts=hosts,
             policy=policy(),
+            store=store(),
         )
         return handle.id
 
@@ -289,6 +301,7 @@ def terminate(
                 by=request.requested_by,
                 reason=request.reason,
                 store=store(),
+                key=audit_key(),
                 policy=policy(),
             )
             return [f"{event.ticket_id} (#{event.seq})" for event in closed]
@@ -483,13 +496,35 @@ def draft(
 def verify_audit(
     ticket: Annotated[list[str] | None, typer.Option(help="only these tickets' trails (repeatable)")] = None,
 ) -> None:
-    """Recompute every trail's hash chain; name the first event changed, deleted or reordered (exit 1)."""
-    with session_scope(store()) as session:
-        checked, breaks = chain.verify(session, ticket)
-    if not breaks:
-        console.print(f"audit trail verified: {checked} events, every chain intact")
+    """Recompute every trail's hash chain and seals, and hold each trail to its workflow's own count of it in
+    Temporal; name the first event changed, deleted, reordered, forged or cut off (exit 1)."""
+    from daedalus.services.audit import verify
+
+    key = settings().audit_key(create=False)
+
+    async def go() -> Verification:
+        try:
+            temporal = await client()
+        except TicketError as error:
+            found = await verify(store(), key, None, ticket)
+            found.unanchored = [f"Temporal is unreachable ({error})"]
+            return found
+        return await verify(store(), key, temporal, ticket, control_queue=settings().temporal.control_queue)
+
+    result = run(go())
+    if key is None:
+        console.print(
+            "[yellow]no audit key here (DAEDALUS_AUDIT_KEY / DAEDALUS_AUDIT_KEY_FILE): seals not checked[/yellow]"
+        )
+    for why in result.unanchored[:5]:
+        console.print(f"[yellow]not held against Temporal: {shown(why)}[/yellow]")
+    if not result.breaks:
+        console.print(
+            f"audit trail verified: {result.events} events, every chain and seal intact; "
+            f"{result.anchored} trail(s) held against their workflows in Temporal"
+        )
         return
-    for found in breaks:
+    for found in result.breaks:
         console.print(f"[red]{found.kind.value}[/red] {shown(found.ticket_id)}: {shown(found.message)}")
-    console.print(f"{len(breaks)} trail(s) of {checked} events do not verify")
+    console.print(f"{len(result.breaks)} trail(s) of {result.events} events do not verify")
     raise typer.Exit(1)

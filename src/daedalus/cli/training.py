@@ -44,7 +44,7 @@ def start(
     starter = local_person(started_by) if policy() is not None else started_by or "cli"
 
     async def go() -> tuple[str, str]:
-        spec = services.load_run_spec(file)
+        spec = services.load_run_spec(file, base=Path.cwd())
         handle = await services.start_run(
             await client(),
             spec,
@@ -61,7 +61,7 @@ def start(
 
 def _read_spec(file: Path) -> TrainingRunSpec:
     try:
-        return services.load_run_spec(file)
+        return services.load_run_spec(file, base=Path.cwd())
     except services.TicketError as error:
         fail(str(error))
 

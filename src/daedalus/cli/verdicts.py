@@ -6,10 +6,10 @@ from typing import Annotated
 
 import typer
 from pydantic import ValidationError
-from rich.markup import escape
 from rich.table import Table
 
 from daedalus.cli._common import console, fail, store
+from daedalus.escaping import for_terminal
 from daedalus.gates.verdicts import rederive as rederive_result
 from daedalus.schemas.gates import GateResult
 from daedalus.store import queries
@@ -52,7 +52,7 @@ def rederive(
     except ValueError as error:
         fail(str(error))
     table = Table("", "stored", "re-derived", title=f"verdict {verdict_id}: ticket {ticket}, attempt {attempt}, "
-                  f"gate {escape(stored.gate)}")  # fmt: skip
+                  f"gate {for_terminal(stored.gate)}")  # fmt: skip
     rows = [
         ("verdict", stored.verdict.value, again.verdict.value),
         ("median", f"{stored.median}", f"{again.median}"),
@@ -60,15 +60,15 @@ def rederive(
         ("method", stored.method, again.method),
     ]
     for name, before, after in rows:
-        table.add_row(name, escape(before), escape(after))
+        table.add_row(name, for_terminal(before), for_terminal(after))
     console.print(table)
     if stored.provenance is not None:
         p = stored.provenance
         console.print(
             f"measured: {p.engine} {p.engine_build[:16]}, preset {p.preset}"
             + (f" vs {p.baseline_preset}" if p.baseline_preset else "")
-            + f", model {escape(p.model)} ({(p.model_sha256 or 'no hash')[:16]}), host {p.host}, "
-            f"commit {p.commit[:10] or '-'}; raw data: {escape(p.artifacts)}"
+            + f", model {for_terminal(p.model)} ({(p.model_sha256 or 'no hash')[:16]}), host {p.host}, "
+            f"commit {p.commit[:10] or '-'}; raw data: {for_terminal(p.artifacts)}"
         )
     same = (stored.verdict, stored.median, stored.ci_low, stored.ci_high) == (
         again.verdict, again.median, again.ci_low, again.ci_high,
@@ -88,6 +88,6 @@ def list_verdicts(ticket: Annotated[str, typer.Option(help="the ticket id")]) ->
         for row in rows:
             result = stored_result(row)
             median = f"{result.median:.4g}" if result.median is not None else ""
-            table.add_row(str(row.id), str(row.attempt), escape(row.gate), row.verdict, median,
-                          escape(_interval(result)), escape(row.rule), f"{row.recorded_at:%Y-%m-%d %H:%M}")  # fmt: skip
+            table.add_row(str(row.id), str(row.attempt), for_terminal(row.gate), row.verdict, median,
+                          for_terminal(_interval(result)), for_terminal(row.rule), f"{row.recorded_at:%Y-%m-%d %H:%M}")  # fmt: skip
     console.print(table)

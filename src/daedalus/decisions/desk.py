@@ -131,7 +131,7 @@ class DecisionDesk:
         delegates[delegation.kind.value] = people
         pending = self.state.pending
         if pending is not None and pending.kind is delegation.kind:
-            pending = pending.model_copy(update={"delegates": list(people)})
+            pending = pending.changed(delegates=list(people))
         self._set(delegates=delegates, pending=pending)
         await self.trail.record(
             AuditKind.DELEGATED,
@@ -263,7 +263,7 @@ class DecisionDesk:
     async def _remind(self) -> None:
         request = self.state.pending
         assert request is not None  # only a pending request is waited on
-        request = request.model_copy(update={"reminders_sent": request.reminders_sent + 1})
+        request = request.changed(reminders_sent=request.reminders_sent + 1)
         self._set(pending=request)
         await self.trail.record(
             AuditKind.DECISION_REMINDER,
@@ -283,4 +283,4 @@ class DecisionDesk:
             workflow.logger.warning("notifying %s failed: %s", request.id, error)
 
     def _set(self, **changes: object) -> None:
-        self.state = self.state.model_copy(update=changes)
+        self.state = self.state.changed(**changes)

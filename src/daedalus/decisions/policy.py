@@ -16,13 +16,14 @@ A decider or an operator of the ticket's host may also terminate a wedged ticket
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from daedalus.decisions.schemas import (
     PERSON_PATTERN,
@@ -54,6 +55,21 @@ class Person(SpecModel):
 
 class HostRule(SpecModel):
     operators: list[str] = Field(default_factory=list, max_length=LIST_ITEMS)
+    training_dirs: list[Path] = Field(
+        default_factory=list,
+        max_length=LIST_ITEMS,
+        description="where training runs on this host may keep checkpoints, state and artifacts (absolute, or "
+        "relative to the policy file); empty: only the host's operators start runs there",
+    )
+
+    @field_validator("training_dirs")
+    @classmethod
+    def _absolute(cls, paths: list[Path], info: ValidationInfo) -> list[Path]:
+        base: Path | None = (info.context or {}).get("base")
+        relative = [str(p) for p in paths if not p.is_absolute()]
+        if relative and base is None:
+            raise ValueError(f"training_dirs must be absolute paths: {relative}")
+        return [Path(os.path.normpath(p if p.is_absolute() or base is None else base / p)) for p in paths]
 
 
 class StandingDelegation(SpecModel):
@@ -143,8 +159,17 @@ class Policy(SpecModel):
         who = decision.decided_by.lower()
         if self.has_role(who, Role.DECIDER):
             return None
-        if who in self.delegates_of(request.deciders, request.kind):
+        # A delegate acts for the decider who delegated: never for someone this request excludes (a filer's
+        # standing delegate approving the filer's own dispatch would be the filer approving it).
+        granting = [decider for decider in request.deciders if decider not in request.excluded]
+        if who in self.delegates_of(granting, request.kind):
             return None
+        for_excluded = [d for d in request.excluded if who in self.delegates_of([d], request.kind)]
+        if for_excluded:
+            return (
+                f"{decision.decided_by} decides {request.kind.value} decisions for {', '.join(for_excluded)}, who "
+                f"may not decide this one ({request.subject_label} is theirs); ask someone else with authority"
+            )
         if request.kind is DecisionKind.DISPATCH:
             # What runs on a host is the policy's to say: a delegation made at run time (by whoever could
             # reach the `delegate` update) never makes someone an approver of a dispatch.
@@ -176,7 +201,8 @@ def load_policy(path: Path, hosts: Registry | None = None) -> Policy:
             f"the policy {path} must be a mapping with `people:`, `hosts:` and `delegations:`"
         )
     try:
-        policy = Policy.model_validate(data)
+        # a relative path in the policy (a host's training_dirs) is relative to the policy file
+        policy = Policy.model_validate(data, context={"base": path.resolve().parent})
     except ValidationError as error:
         lines = [f"the policy {path} is not valid ({error.error_count()} problem(s)):"]
         for problem in error.errors():
@@ -217,6 +243,7 @@ def resolve_ticket(policy: Policy, spec: TicketSpec, filer: str) -> tuple[Ticket
         return resolved, DispatchRule(required=asked, commands=commands, reason=reason)
     _require_someone_else(policy, resolved.approval, filer, f"ticket {spec.id}")
     reason = f"{filer} does not operate {', '.join(hosts)}: a dispatch decision by someone else is required"
+    resolved = _tree_without_delegates_of(policy, resolved, filer)
     return resolved, DispatchRule(required=True, excluded=[filer], commands=commands, reason=reason)
 
 
@@ -231,14 +258,47 @@ def resolve_training(
     _refuse_loosening(policy, spec.approval, starter, operator, f"training run {spec.name}", spec.host)
     approval = _effective_approval(policy, spec.approval)
     resolved = spec.model_copy(update={"approval": approval})
-    commands = [f"on {spec.host} in {spec.cwd}: {' '.join(spec.command)}"]
+    _require_training_dirs(policy, spec, operator)
+    commands = spec.effects()
     if operator:
         return resolved, DispatchRule(
             required=False, commands=commands, reason=f"{starter} operates {spec.host}"
         )
     _require_someone_else(policy, approval, starter, f"training run {spec.name}")
     reason = f"{starter} does not operate {spec.host}: a dispatch decision by someone else is required"
+    resolved = resolved.model_copy(update={"approval": _without_delegates_of(policy, approval, starter)})
     return resolved, DispatchRule(required=True, excluded=[starter], commands=commands, reason=reason)
+
+
+def _require_training_dirs(policy: Policy, spec: TrainingRunSpec, operator: bool) -> None:
+    """Where a run writes and prunes stays inside the host's `training_dirs`; a host that declares none takes
+    runs from its operators only."""
+    rule = policy.hosts.get(spec.host)
+    allowed = rule.training_dirs if rule is not None else []
+    if not allowed:
+        if operator:
+            return
+        raise NotAllowed(
+            f"training run {spec.name}: host {spec.host} declares no training_dirs in the policy, so only its "
+            f"operators start runs there; ask for training_dirs under hosts.{spec.host} in policy.yaml"
+        )
+    written = {"checkpoints.directory": spec.checkpoints.directory}
+    if spec.state_dir is not None:
+        written["state_dir"] = spec.state_dir
+    if spec.artifact_dir is not None:
+        written["artifact_dir"] = spec.artifact_dir
+    for field, path in written.items():
+        if not path.is_absolute():
+            raise NotAllowed(
+                f"training run {spec.name}: {field} {path} is relative; give an absolute path under "
+                f"{', '.join(map(str, allowed))}"
+            )
+        normal = Path(os.path.normpath(path))
+        if not any(normal.is_relative_to(root) for root in allowed):
+            raise NotAllowed(
+                f"training run {spec.name}: {field} {path} is outside the directories host {spec.host} lets "
+                f"training runs write ({', '.join(map(str, allowed))}); move it under one of them"
+            )
 
 
 def _require_filer(policy: Policy, person: str, action: str) -> None:
@@ -300,6 +360,27 @@ def _effective_approval(policy: Policy, approval: ApprovalPolicy) -> ApprovalPol
     )
 
 
+def _without_delegates_of(policy: Policy, approval: ApprovalPolicy, filer: str) -> ApprovalPolicy:
+    """The dispatch delegates, less those who would only act for the filer (who may not decide the dispatch)."""
+    others = [person for person in approval.deciders if person != filer]
+    acting_for_others = {*policy.delegates_of(others, DecisionKind.DISPATCH), *policy.with_role(Role.DECIDER)}
+    dispatch = DecisionKind.DISPATCH.value
+    kept = [p for p in approval.delegates.get(dispatch, []) if p in acting_for_others and p != filer]
+    delegates = {kind: people for kind, people in approval.delegates.items() if kind != dispatch}
+    if kept:
+        delegates[dispatch] = kept
+    return approval.model_copy(update={"delegates": delegates})
+
+
+def _tree_without_delegates_of(policy: Policy, spec: TicketSpec, filer: str) -> TicketSpec:
+    return spec.model_copy(
+        update={
+            "approval": _without_delegates_of(policy, spec.approval, filer),
+            "children": [_tree_without_delegates_of(policy, child, filer) for child in spec.children],
+        }
+    )
+
+
 def _with_approval(policy: Policy, spec: TicketSpec) -> TicketSpec:
     return spec.model_copy(
         update={
@@ -310,13 +391,17 @@ def _with_approval(policy: Policy, spec: TicketSpec) -> TicketSpec:
 
 
 def _require_someone_else(policy: Policy, approval: ApprovalPolicy, filer: str, label: str) -> None:
-    others = [
+    """Someone other than the filer can approve: another decider, or a standing delegate of one (the filer's
+    own delegates act for the filer, so they do not count)."""
+    deciders = [person for person in approval.deciders if person != filer]
+    others = [*deciders, *policy.delegates_of(deciders, DecisionKind.DISPATCH)]
+    others += [
         person
-        for person in [*approval.deciders, *approval.delegates.get(DecisionKind.DISPATCH.value, [])]
-        if person != filer
+        for person in approval.delegates.get(DecisionKind.DISPATCH.value, [])
+        if person in policy.with_role(Role.DECIDER) and person != filer
     ]
     if not others:
         raise NotAllowed(
-            f"{label}: nobody but its filer {filer} could approve its dispatch; name another decider in "
-            f"approval.deciders (deciders: {policy.with_role(Role.DECIDER)})"
+            f"{label}: nobody but its filer {filer} (or someone acting for {filer}) could approve its dispatch; "
+            f"name another decider in approval.deciders (deciders: {policy.with_role(Role.DECIDER)})"
         )

@@ -69,20 +69,37 @@ Heartbeat = Callable[[dict[str, object]], None]
 # --- checkpoints -------------------------------------------------------------------------------------------
 
 
-def complete_checkpoints(policy: CheckpointPolicy) -> list[Path]:
-    """Checkpoint dirs holding the marker, oldest first (by the marker's mtime: it is written last)."""
+PREEXISTING_FILE = "checkpoints-before.json"
+"""What the checkpoint directory held when the run first started: never the run's to prune."""
+
+
+def complete_checkpoints(policy: CheckpointPolicy, spare: frozenset[str] = frozenset()) -> list[Path]:
+    """Checkpoint dirs holding the marker file, oldest first (by the marker's mtime: it is written last);
+    entries named in `spare` (there before the run) are not the run's checkpoints."""
     found: list[tuple[int, str, Path]] = []
     try:
         entries = list(policy.directory.iterdir())
     except OSError:
         return []
     for entry in entries:
-        if entry.name.startswith(".") or not entry.is_dir():
+        if entry.name.startswith(".") or entry.name in spare or entry.is_symlink() or not entry.is_dir():
             continue
         marker = entry / policy.marker
         with contextlib.suppress(OSError):
-            found.append((marker.stat().st_mtime_ns, entry.name, entry))
+            if marker.is_file() and not marker.is_symlink():
+                found.append((marker.stat().st_mtime_ns, entry.name, entry))
     return [p for _, _, p in sorted(found)]
+
+
+def record_preexisting(policy: CheckpointPolicy, path: Path) -> frozenset[str]:
+    """Note (once per start of the run) what the checkpoint directory already holds; returns it."""
+    if not path.exists():
+        try:
+            names = sorted(entry.name for entry in policy.directory.iterdir())
+        except OSError:
+            names = []
+        path.write_text(json.dumps(names))
+    return frozenset(json.loads(path.read_text()))
 
 
 def latest_checkpoint(policy: CheckpointPolicy) -> Path | None:
@@ -90,18 +107,20 @@ def latest_checkpoint(policy: CheckpointPolicy) -> Path | None:
     return done[-1] if done else None
 
 
-def prune_checkpoints(policy: CheckpointPolicy) -> list[Path]:
+def prune_checkpoints(policy: CheckpointPolicy, spare: frozenset[str] = frozenset()) -> list[Path]:
     """Keep the latest `keep` complete checkpoints; remove older complete ones and any half-written one older
     than the newest complete (it can never be finished). A half-written one newer than that may be in
-    progress, so it stays — but it never counts as one of the kept."""
-    done = complete_checkpoints(policy)
+    progress, so it stays — but it never counts as one of the kept. Nothing named in `spare` is touched."""
+    done = complete_checkpoints(policy, spare)
     if not done:
         return []
     newest_mtime = (done[-1] / policy.marker).stat().st_mtime_ns
     doomed = done[: -policy.keep] if len(done) > policy.keep else []
     keep = set(done[-policy.keep :])
     for entry in policy.directory.iterdir():
-        if entry.name.startswith(".") or not entry.is_dir() or entry in keep or entry in doomed:
+        if entry.name.startswith(".") or entry.name in spare or entry.is_symlink() or not entry.is_dir():
+            continue
+        if entry in keep or entry in doomed:
             continue
         if (entry / policy.marker).exists():
             continue
@@ -268,6 +287,8 @@ class Supervisor:
         self.spec = inp.spec
         self.policy = inp.spec.watchdog
         self.run_dir = run_dir_for(state_root, self.spec, inp.incarnation, inp.filing)
+        self.preexisting_file = self.run_dir.parent / PREEXISTING_FILE
+        self.preexisting: frozenset[str] | None = None
         self.artifact_dir = artifact_dir_for(artifact_root, self.spec, inp.incarnation, inp.filing)
         self.heartbeat = heartbeat
         self.resume = resume or {}
@@ -325,6 +346,9 @@ class Supervisor:
             record = await asyncio.to_thread(tp.wait_for_record, self.run_dir, LAUNCH_WAIT_S)
             return record, True
         validate_spec(self.spec)
+        self.preexisting = record_preexisting(
+            self.spec.checkpoints, self.preexisting_file
+        )  # before it writes
         self._write_oom_baseline()
         intent.write_text(datetime.now(UTC).isoformat())
         env = {
@@ -384,7 +408,9 @@ class Supervisor:
         return max(0.0, interval - (time.time() % interval))
 
     def _prune(self) -> None:
-        self.pruned += [str(p) for p in prune_checkpoints(self.spec.checkpoints)]
+        if self.preexisting is None:  # an attached watchdog reads what the launching one recorded
+            self.preexisting = record_preexisting(self.spec.checkpoints, self.preexisting_file)
+        self.pruned += [str(p) for p in prune_checkpoints(self.spec.checkpoints, self.preexisting)]
 
     def _beat(self, record: tp.TrainerRecord) -> None:
         self.heartbeat(

@@ -18,6 +18,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from daedalus.errors import RegistryError
 from daedalus.ids import host_queue
 from daedalus.schemas._base import Model
+from daedalus.schemas.steps import ResourceLimits
 from daedalus.schemas.ticket import TICKET_ID_PATTERN, HostFacts
 
 HOST_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
@@ -137,6 +138,9 @@ class HostSpec(Model):
     engines: list[EngineMirror] = Field(default_factory=list)
     tenants: list[TenantSpec] = Field(default_factory=list)
     constraints: list[Constraint] = Field(default_factory=list)
+    limits: ResourceLimits | None = Field(
+        default=None, description="what each confined step (agent command, build, gate) may use on this host"
+    )
 
     @property
     def task_queue(self) -> str:

@@ -1,7 +1,10 @@
 """Render the report as Markdown (terminal, Slack, files) and as one self-contained HTML page.
 
 The HTML page has no external reference at all: the CSS is inline and the charts are inline SVG, so it opens
-offline, from a file or an email attachment, and prints legibly.
+offline, from a file or an email attachment, and prints legibly. Titles, notes, lessons and labels are other
+people's text: the Markdown they become renders no raw HTML, no image and no link (a title's
+`![x](https://...)` would make every reader's browser fetch it), and the page's Content-Security-Policy lets
+it load nothing from anywhere, should anything slip through. Control characters are shown as escapes.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import html
 
 from markdown_it import MarkdownIt
 
+from daedalus.escaping import plain
 from daedalus.report.model import Report
 from daedalus.report.sections import Section, sections
 
@@ -36,6 +40,16 @@ figcaption { color: #57606a; font-size: .9em; }
   .card { break-inside: avoid; }
 }
 """
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
+)
+"""Nothing is fetched, run or submitted: inline CSS and SVG only."""
+STORED_TEXT_RULES = ["html_block", "html_inline", "image", "link", "autolink", "linkify"]
+"""Markdown rules that would let stored text load or point at something outside the page."""
+
+
+def markdown_renderer() -> MarkdownIt:
+    return MarkdownIt("commonmark", {"html": False}).enable("table").disable(STORED_TEXT_RULES, True)
 
 
 def render_markdown(report: Report) -> str:
@@ -43,11 +57,11 @@ def render_markdown(report: Report) -> str:
     out += _narrative(report)
     for section in sections(report, with_charts=False):
         out += [f"## {section.title}", "", section.markdown, ""]
-    return "\n".join(out).rstrip() + "\n"
+    return plain("\n".join(out).rstrip()) + "\n"
 
 
 def render_html(report: Report) -> str:
-    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    md = markdown_renderer()
     title = f"Progress report — since {report.since:%Y-%m-%d %H:%M} UTC"
     body = [
         f"<h1>{html.escape(title)}</h1>",
@@ -61,6 +75,7 @@ def render_html(report: Report) -> str:
         body.append(_section_html(md, section))
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{CONTENT_SECURITY_POLICY}">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{html.escape(title)}</title><style>{CSS}</style></head>"
         f"<body>{''.join(body)}</body></html>\n"

@@ -1,10 +1,14 @@
-"""The digest's few lines for Slack: counts and what waits, with a link to the full report. No new facts."""
+"""The digest's few lines for Slack: counts and what waits, with a link to the full report. No new facts.
+
+Everything taken from the store (questions, ids, host lines) is escaped for Slack: a question holding
+`<!channel>` must not notify a channel, nor a `<url|label>` disguise a link."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
 
+from daedalus.escaping import for_slack
 from daedalus.report.model import Report
 
 MAX_WAITING_LINES = 5
@@ -25,10 +29,14 @@ def summary_text(report: Report, link: str = "") -> str:
     if report.training:
         lines.append(f"Training runs: {len(report.training)}, {deaths} deaths")
     lines.append(f"Decisions waiting: {len(report.pending)}; decided in the window: {len(report.decided)}")
-    lines += bullets(f"{r.request_id} ({', '.join(r.deciders)}): {r.question}" for r in report.pending)
+    lines += bullets(
+        for_slack(f"{r.request_id} ({', '.join(r.deciders)}): {r.question}") for r in report.pending
+    )
     if report.waiting_on_hosts:
         lines.append(f"Waiting on a host no worker polls: {len(report.waiting_on_hosts)}")
-        lines += bullets(f"{ticket}: {line}" for ticket, line in sorted(report.waiting_on_hosts.items()))
+        lines += bullets(
+            for_slack(f"{ticket}: {line}") for ticket, line in sorted(report.waiting_on_hosts.items())
+        )
     if report.lessons:
         lines.append(f"Lessons recorded: {len(report.lessons)}")
     if link:

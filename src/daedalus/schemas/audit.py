@@ -28,6 +28,15 @@ class AuditKind(StrEnum):
     HUNT = "hunt"
 
 
+TEMPORAL_ACTOR = "temporal"
+"""The actor of what Temporal did without a person deciding it in Daedalus (a cancellation sent to Temporal)."""
+CANCELLED_THROUGH = "cancelled_through"
+"""Detail key of a close that Temporal's cancellation caused; the audit writer adds what Temporal recorded of
+it (`CANCEL_CLIENT`, `CANCEL_REASON`)."""
+CANCEL_CLIENT = "cancel_requested_by_client"
+CANCEL_REASON = "cancel_reason"
+
+
 class AuditEvent(Model):
     """One transition. (run_id, seq) identifies it: a retried write of the same event is a no-op."""
 
@@ -80,6 +89,16 @@ class AuditBatch(Model):
     """Consecutive records of one trail, in sequence order, applied in one transaction."""
 
     records: list[AuditRecord] = Field(min_length=1)
+
+
+class TrailHead(Model):
+    """How far a workflow's trail got, as the workflow itself knows it (its `audit_head` query): the anchor that
+    `daedalus audit verify` holds the store against, so a truncated or deleted trail shows."""
+
+    subject: str
+    workflow_id: str
+    run_id: str = Field(description="the workflow's first run id: every event of its chain carries it")
+    seq: int = Field(ge=0, description="the last event the store acknowledged writing")
 
 
 class TrailState(Model):

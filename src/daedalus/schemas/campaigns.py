@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from enum import StrEnum
 from itertools import product
+from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
@@ -18,17 +19,31 @@ from daedalus.ids import CAMPAIGN_PREFIX as CAMPAIGN_PREFIX
 from daedalus.ids import campaign_workflow_id as campaign_workflow_id
 from daedalus.schemas._base import Model
 from daedalus.schemas.engines import LLAMA_CACHE_TYPES, VLLM_KV_DTYPES
+from daedalus.schemas.limits import LIST_ITEMS, DurationS, Line, Title
 from daedalus.schemas.ticket import PERSON_PATTERN, TICKET_ID_PATTERN
+
+MAX_CELLS = 512
+"""A campaign's matrix: each cell starts an engine and measures it; more is a typo or several campaigns."""
+MAX_CONTEXT = 4 * 1024 * 1024
+MAX_USERS = 4096
 
 
 class CampaignAxes(Model):
     """The values to sweep; each list holds at least one value, and the cells are their product."""
 
-    kv: list[str] = Field(min_length=1, description="KV cache type (K and V alike), or a vLLM kv_cache_dtype")
-    context: list[int] = Field(min_length=1, description="per-user context length, tokens")
-    users: list[int] = Field(default_factory=lambda: [1], min_length=1)
+    kv: list[str] = Field(
+        min_length=1,
+        max_length=LIST_ITEMS,
+        description="KV cache type (K and V alike), or a vLLM kv_cache_dtype",
+    )
+    context: list[Annotated[int, Field(le=MAX_CONTEXT)]] = Field(
+        min_length=1, max_length=LIST_ITEMS, description="per-user context length, tokens"
+    )
+    users: list[Annotated[int, Field(le=MAX_USERS)]] = Field(
+        default_factory=lambda: [1], min_length=1, max_length=LIST_ITEMS
+    )
     speculative_k: list[int] = Field(
-        default_factory=lambda: [0], min_length=1, description="0 = no speculative decoding"
+        default_factory=lambda: [0], min_length=1, max_length=17, description="0 = no speculative decoding"
     )
 
     @field_validator("kv")
@@ -73,12 +88,14 @@ class CampaignSpec(Model):
     id: str = Field(pattern=TICKET_ID_PATTERN)
     title: str = Field(min_length=1, max_length=200)
     host: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
-    base_preset: str = Field(min_length=1, description="preset name (examples/presets) or YAML path")
-    model: str = Field(min_length=1, description="tiny model name (tiny, small, medium) or a model path")
+    base_preset: Line = Field(min_length=1, description="preset name (examples/presets) or YAML path")
+    model: Line = Field(min_length=1, description="tiny model name (tiny, small, medium) or a model path")
     axes: CampaignAxes
     baseline_kv: str = Field(default="f16", description="the KV type quality is compared against")
-    labels: dict[str, str] = Field(
-        default_factory=dict, description="display labels per KV type, e.g. {'f16': 'fp16 (baseline)'}"
+    labels: dict[Line, Title] = Field(
+        default_factory=dict,
+        max_length=LIST_ITEMS,
+        description="display labels per KV type, e.g. {'f16': 'fp16 (baseline)'}",
     )
     rounds: int = Field(default=5, ge=1, le=50)
     max_tokens: int = Field(default=32, ge=2, le=100_000)
@@ -89,9 +106,9 @@ class CampaignSpec(Model):
     speed_tolerance: float = Field(
         default=0.05, ge=0.0, lt=1.0, description="presets this close to the fastest count as equally fast"
     )
-    deciders: list[str] = Field(default_factory=lambda: ["wayne"], min_length=1)
-    cell_timeout_s: int = Field(default=600, gt=0)
-    reminder_interval_s: int | None = Field(
+    deciders: list[str] = Field(default_factory=lambda: ["wayne"], min_length=1, max_length=LIST_ITEMS)
+    cell_timeout_s: DurationS = 600
+    reminder_interval_s: DurationS | None = Field(
         default=86_400, gt=0, description="remind the deciders of a waiting proposal this often (None: never)"
     )
 
@@ -107,6 +124,14 @@ class CampaignSpec(Model):
 
     @model_validator(mode="after")
     def _baseline_in_matrix(self) -> CampaignSpec:
+        cells = (
+            len(self.axes.kv) * len(self.axes.context) * len(self.axes.users) * len(self.axes.speculative_k)
+        )
+        if cells > MAX_CELLS:
+            raise ValueError(
+                f"the axes make {cells} cells, more than the {MAX_CELLS} a campaign may measure; split it into "
+                f"campaigns over fewer values"
+            )
         if self.baseline_kv not in self.axes.kv:
             raise ValueError(
                 f"baseline_kv {self.baseline_kv!r} is not among axes.kv {self.axes.kv}; add it, so quality "

@@ -45,10 +45,10 @@ GATE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$"
 HOST_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
 """A host names a task queue (`host-<name>`) and a directory on the worker."""
 
-RESERVED_TICKET_PREFIXES = ("training-", "hunt-")
-"""`training-<name>` is a training run's workflow and decision subject; `hunt-<run>-<n>` is the hunting ticket a
-training run opens itself. A person filing either would take an id that a run needs, or file a ticket whose
-decisions are routed to a training run."""
+RESERVED_TICKET_PREFIXES = ("training-", "campaign-", "hunt-")
+"""`training-<name>` and `campaign-<id>` are a training run's and a campaign's audit and decision subjects;
+`hunt-<run>-<n>` is the hunting ticket a training run opens itself. A ticket filed with either would share a
+run's or a campaign's trail and request ids (`campaign-x-proposal-1`), or take an id a run needs."""
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 DurationS = Annotated[int, Field(gt=0, le=DURATION_MAX_S)]

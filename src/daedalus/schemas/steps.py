@@ -7,6 +7,21 @@ from daedalus.schemas.gates import GateSpec, LeaseRecord
 from daedalus.schemas.ticket import EngineRef, TicketSpec
 
 
+class ResourceLimits(Model):
+    """What one confined step (an agent's command, a build, a gate) may use; a host's registry entry may set
+    its own (`limits:` in hosts.yaml), else these defaults hold. See daedalus.confinement."""
+
+    processes: int = Field(default=1024, ge=8, le=1_000_000, description="live processes and threads at once")
+    memory_mib: int | None = Field(
+        default=None, ge=64, description="memory of all its processes together; None = memory_fraction"
+    )
+    memory_fraction: float = Field(
+        default=0.75, gt=0, le=1, description="without memory_mib: this share of the host's memory"
+    )
+    tmp_mib: int = Field(default=2048, ge=1, description="its /tmp (a tmpfs, in memory)")
+    file_mib: int = Field(default=16384, ge=1, description="the largest file it may write")
+
+
 class AttemptInput(Model):
     spec: TicketSpec
     attempt: int = Field(ge=1)

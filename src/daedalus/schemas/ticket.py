@@ -327,6 +327,11 @@ class TicketInput(Model):
         description="the server policy's dispatch rule, resolved at filing; None: the spec's own (tickets filed "
         "before the policy, or with no policy configured)",
     )
+    requests_before: dict[str, int] = Field(
+        default_factory=dict,
+        description="ticket id (this one and its sub-tickets) -> decision requests earlier filings of it asked: "
+        "a re-filed ticket numbers its requests on from there, so a request id names one request ever",
+    )
 
 
 class TicketState(Model):

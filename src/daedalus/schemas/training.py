@@ -103,7 +103,19 @@ class CheckpointPolicy(SpecModel):
         default=10, ge=1, description="passed to the trainer as DAEDALUS_CHECKPOINT_EVERY"
     )
     keep: int = Field(default=2, ge=1, le=1000, description="keep the latest K complete checkpoints")
-    marker: str = Field(default=CHECKPOINT_MARKER, min_length=1)
+    marker: str = Field(
+        default=CHECKPOINT_MARKER,
+        pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$",
+        description="the file (a plain name, written last) that makes a checkpoint directory complete",
+    )
+
+    def describe(self) -> str:
+        """What an approval shows of the checkpoints: where, how often, and what Daedalus deletes."""
+        return (
+            f"writes checkpoints under {self.directory} every {self.every_steps} steps; a checkpoint counts once "
+            f"its subdirectory holds the file {self.marker!r}; Daedalus deletes complete checkpoints this run "
+            f"wrote beyond the newest {self.keep} (never a subdirectory that was there before the run started)"
+        )
 
 
 class RestartPolicy(SpecModel):
@@ -161,6 +173,41 @@ class TrainingRunSpec(SpecModel):
     @property
     def workflow_id(self) -> str:
         return training_workflow_id(self.name)
+
+    def resolved_against(self, base: Path) -> TrainingRunSpec:
+        """The run with its relative working, checkpoint, state and artifact directories made absolute."""
+
+        def absolute(path: Path) -> Path:
+            return path if path.is_absolute() else (base / path.expanduser()).resolve()
+
+        checkpoints = self.checkpoints.model_copy(update={"directory": absolute(self.checkpoints.directory)})
+        return self.model_copy(
+            update={
+                "cwd": absolute(self.cwd),
+                "checkpoints": checkpoints,
+                "state_dir": absolute(self.state_dir) if self.state_dir is not None else None,
+                "artifact_dir": absolute(self.artifact_dir) if self.artifact_dir is not None else None,
+            }
+        )
+
+    def effects(self) -> list[str]:
+        """Everything the run will do on its host, as its dispatch request lists it for the decider."""
+        lines = [f"runs on {self.host} in {self.cwd}: {' '.join(self.command)}"]
+        if self.env:
+            lines.append(f"with environment variables: {', '.join(sorted(self.env))}")
+        lines.append(self.checkpoints.describe())
+        lines.append(
+            f"keeps its state (pidfiles, memory curve) under {self.state_dir or 'the worker state directory'}"
+        )
+        lines.append(
+            f"keeps its artifacts (logs, deaths) under {self.artifact_dir or 'the worker artifact directory'}"
+        )
+        if self.restart.restart:
+            lines.append(
+                f"restarts the trainer after a death; the {self.restart.escalate_after_deaths}th death escalates "
+                f"and opens a hunting ticket for {self.hunt.agent.value}"
+            )
+        return lines
 
 
 class DeathClass(StrEnum):

@@ -25,11 +25,19 @@ from daedalus.schemas.ticket import TicketSpec, TicketStatus
 from daedalus.services._temporal import TicketError
 from daedalus.store import records
 from daedalus.store.database import session_scope
+from daedalus.store.seals import AuditKey
 from daedalus.store.tables import AuditEventRow, TicketRow
 
 
 async def terminate(
-    client: Client, ticket_id: str, *, by: str, reason: str, store: Engine, policy: Policy | None
+    client: Client,
+    ticket_id: str,
+    *,
+    by: str,
+    reason: str,
+    store: Engine,
+    key: AuditKey,
+    policy: Policy | None,
 ) -> list[AuditEvent]:
     """Terminate `ticket-<id>` and write the closing events (its own first, then its sub-tickets')."""
     by = by.lower()
@@ -49,7 +57,7 @@ async def terminate(
         await handle.terminate(reason=why)
     except RPCError as error:
         raise TicketError(f"Temporal did not terminate ticket {ticket_id}: {error.message}") from error
-    closed = [await asyncio.to_thread(_close_trail, store, ticket_id, description, row, by, why)]
+    closed = [await asyncio.to_thread(_close_trail, store, key, ticket_id, description, row, by, why)]
     for child in _children(row):
         found = await _describe(client, child)
         if found is not None and found.status is WorkflowExecutionStatus.TERMINATED:
@@ -57,7 +65,14 @@ async def terminate(
             if child_row is None or not TicketStatus(child_row.status).is_closed:
                 closed.append(
                     await asyncio.to_thread(
-                        _close_trail, store, child, found, child_row, by, f"{why} (with parent {ticket_id})"
+                        _close_trail,
+                        store,
+                        key,
+                        child,
+                        found,
+                        child_row,
+                        by,
+                        f"{why} (with parent {ticket_id})",
                     )
                 )
     return closed
@@ -112,6 +127,7 @@ def _children(row: TicketRow | None) -> list[str]:
 
 def _close_trail(
     store: Engine,
+    key: AuditKey,
     ticket_id: str,
     description: WorkflowExecutionDescription,
     row: TicketRow | None,
@@ -141,7 +157,7 @@ def _close_trail(
             snapshot = TicketSnapshot(
                 **{**values, "status": event.status, "awaiting": None, "outcome_reason": why}
             )
-        records.apply(session=session, record=AuditRecord(event=event, ticket=snapshot))
+        records.apply(session=session, record=AuditRecord(event=event, ticket=snapshot), key=key)
     return event
 
 

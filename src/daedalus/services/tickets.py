@@ -6,11 +6,13 @@ what is wrong and how to fix it.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from sqlalchemy import Engine
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowQueryFailedError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -31,6 +33,8 @@ from daedalus.schemas.ticket import (
 )
 from daedalus.schemas.ui import start_details, start_summary
 from daedalus.services._temporal import TicketError, update
+from daedalus.store import queries
+from daedalus.store.database import session_scope
 from daedalus.workflows.ticket import TicketWorkflow
 
 
@@ -71,8 +75,8 @@ def require_workable(spec: TicketSpec, source: str = "spec") -> None:
         reserved = next((p for p in RESERVED_TICKET_PREFIXES if ticket.id.startswith(p)), None)
         if reserved is not None:
             raise TicketError(
-                f"{source}: ticket id {ticket.id!r} starts with {reserved!r}, which Daedalus reserves for training "
-                f"runs and the hunting tickets they open; choose another id"
+                f"{source}: ticket id {ticket.id!r} starts with {reserved!r}, which Daedalus reserves for the "
+                f"subjects of training runs and campaigns and the hunting tickets runs open; choose another id"
             )
     for ticket in tickets:
         if ticket.agent is not None and ticket.engine is None:
@@ -137,8 +141,12 @@ async def file_ticket(
     filed_by: str = "cli",
     hosts: Registry | None = None,
     policy: Policy | None = None,
+    store: Engine | None = None,
 ) -> WorkflowHandle[Any, Any]:
     """Start `ticket-<id>`; refuses while a ticket with that id is live, allows re-filing a closed one.
+
+    With the audit `store`, a re-filed ticket numbers its decision requests on from its earlier filings'
+    (`4-dispatch-2` after `4-dispatch-1`), so no request id is ever asked twice.
 
     With `hosts` (the registry), a ticket naming an undeclared host is refused before anything starts, and the
     workflow is told each host's schedule-to-start limit and GPUs (without it: no limit, no GPU leases). With
@@ -156,9 +164,10 @@ async def file_ticket(
     if policy is not None:
         spec, dispatch = resolve_ticket(policy, spec, filed_by)
     try:
+        asked = await asyncio.to_thread(_requests_asked, store, spec) if store is not None else {}
         return await client.start_workflow(
             TicketWorkflow.run,
-            TicketInput(spec=spec, filed_by=filed_by, dispatch=dispatch, hosts=facts),
+            TicketInput(spec=spec, filed_by=filed_by, dispatch=dispatch, hosts=facts, requests_before=asked),
             id=ticket_workflow_id(spec.id),
             task_queue=queue,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
@@ -192,6 +201,11 @@ async def _refuse_live_children(client: Client, spec: TicketSpec) -> None:
                 f"sub-ticket {child.id} of {spec.id} is already live (workflow {ticket_workflow_id(child.id)}); "
                 f"give the sub-ticket another id, or cancel the live one first"
             )
+
+
+def _requests_asked(store: Engine, spec: TicketSpec) -> dict[str, int]:
+    with session_scope(store) as session:
+        return queries.requests_asked(session=session, subjects=[ticket.id for ticket in spec.tree()])
 
 
 def _label(ticket_id: str) -> str:

@@ -52,15 +52,17 @@ def require_startable(spec: TrainingRunSpec, source: str = "run") -> None:
         )
 
 
-def load_run_spec(path: Path) -> TrainingRunSpec:
-    """Read a run file (YAML or JSON)."""
+def load_run_spec(path: Path, base: Path | None = None) -> TrainingRunSpec:
+    """Read a run file (YAML or JSON). With `base` (the directory its starter runs the command in), the run's
+    relative paths are made absolute against it here, so no worker reads them against its own directory."""
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
         raise TicketError(f"{path}: cannot read the run file: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:
         raise TicketError(f"{path}: not valid YAML: {exc}") from exc
-    return parse_run_spec(data, str(path))
+    spec = parse_run_spec(data, str(path))
+    return spec.resolved_against(base) if base is not None else spec
 
 
 async def start_run(

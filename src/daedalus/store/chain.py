@@ -18,7 +18,9 @@ from enum import StrEnum
 from sqlalchemy import bindparam
 from sqlmodel import Session, col, select
 
-from daedalus.store.tables import AuditEventRow, TicketRow
+from daedalus.store import seals
+from daedalus.store.seals import AuditKey
+from daedalus.store.tables import AuditEventRow, DecisionRow, TicketRow, VerdictRow
 
 GENESIS = "0" * 64
 """The predecessor hash of a trail's first event."""
@@ -89,6 +91,10 @@ class BreakKind(StrEnum):
     DELETED = "deleted"
     REORDERED = "reordered"
     TRUNCATED = "truncated"
+    FORGED = "forged"
+    """Its seal does not match: the event, its decision or its verdicts were written outside Daedalus."""
+    UNRECORDED = "unrecorded"
+    """A decision answered, or a verdict stored, that no event of the trail recorded."""
 
 
 @dataclass(frozen=True)
@@ -154,8 +160,48 @@ def _truncated(session: Session, ticket_id: str, rows: list[AuditEventRow]) -> C
     )  # fmt: skip
 
 
-def verify(session: Session, ticket_ids: Iterable[str] | None = None) -> tuple[int, list[ChainBreak]]:
-    """Recompute every trail (or those of `ticket_ids`): (events checked, the first break of each trail)."""
+def _forged(session: Session, key: AuditKey, ticket_id: str, rows: list[AuditEventRow]) -> ChainBreak | None:
+    for row in rows:
+        if not seals.seal_is_valid(key, session, row):
+            what = "has no seal" if not row.seal else "does not match its seal"
+            return ChainBreak(
+                ticket_id, BreakKind.FORGED, row.id, row.run_id, row.seq,
+                f"{_label(row)} {what}: it, or the decision or verdicts it recorded, were written outside "
+                f"Daedalus (a rewrite with recomputed hashes, or a forged event)",
+            )  # fmt: skip
+    return None
+
+
+def _unrecorded(session: Session, ticket_id: str, rows: list[AuditEventRow]) -> ChainBreak | None:
+    """Decisions answered and verdicts stored must each be what an event of the trail recorded."""
+    answered = {
+        row.detail.get("request") for row in rows if row.kind == "decided" and row.detail.get("request")
+    }
+    for decision in session.exec(select(DecisionRow).where(col(DecisionRow.ticket_id) == ticket_id)):
+        if decision.decided_by is not None and decision.request_id not in answered:
+            return ChainBreak(
+                ticket_id, BreakKind.UNRECORDED, None, "", 0,
+                f"decision {decision.request_id} shows {decision.decided_by} chose {decision.option!r}, but no "
+                f"event of the trail of {ticket_id} recorded that answer",
+            )  # fmt: skip
+    events = {(row.run_id, row.seq) for row in rows}
+    for verdict in session.exec(select(VerdictRow).where(col(VerdictRow.ticket_id) == ticket_id)):
+        if (verdict.run_id, verdict.seq) not in events:
+            return ChainBreak(
+                ticket_id, BreakKind.UNRECORDED, verdict.id, verdict.run_id, verdict.seq,
+                f"verdict {verdict.verdict} of gate {verdict.gate} (row {verdict.id}) belongs to no event of the "
+                f"trail of {ticket_id}",
+            )  # fmt: skip
+    return None
+
+
+def verify(
+    session: Session, ticket_ids: Iterable[str] | None = None, *, key: AuditKey | None = None
+) -> tuple[int, list[ChainBreak]]:
+    """Recompute every trail (or those of `ticket_ids`): (events checked, the first break of each trail).
+
+    With the audit key, every event's seal is checked too, and every decision and verdict against the events
+    that recorded them: a rewrite whose hashes were recomputed does not pass."""
     query = select(AuditEventRow).order_by(col(AuditEventRow.ticket_id), col(AuditEventRow.id))
     wanted = set(ticket_ids) if ticket_ids is not None else None
     if wanted is not None:
@@ -164,6 +210,12 @@ def verify(session: Session, ticket_ids: Iterable[str] | None = None) -> tuple[i
     for row in session.exec(query):
         trails.setdefault(row.ticket_id, []).append(row)
     subjects = set(trails)
+    if key is not None:  # a decision or verdict of a trail whose every event was deleted
+        for table in (DecisionRow, VerdictRow):
+            found_in = select(table.ticket_id)  # type: ignore[attr-defined]
+            if wanted is not None:
+                found_in = found_in.where(col(table.ticket_id).in_(wanted))  # type: ignore[attr-defined]
+            subjects |= set(session.exec(found_in))
     projected = select(TicketRow.ticket_id)
     if wanted is not None:
         projected = projected.where(col(TicketRow.ticket_id).in_(wanted))
@@ -172,6 +224,8 @@ def verify(session: Session, ticket_ids: Iterable[str] | None = None) -> tuple[i
     for ticket_id in sorted(subjects):
         rows = trails.get(ticket_id, [])
         found = verify_trail(ticket_id, rows) or _truncated(session, ticket_id, rows)
+        if found is None and key is not None:
+            found = _forged(session, key, ticket_id, rows) or _unrecorded(session, ticket_id, rows)
         if found is not None:
             breaks.append(found)
     return sum(len(rows) for rows in trails.values()), breaks

@@ -64,6 +64,19 @@ def decisions(
     return session.exec(query).all()
 
 
+def requests_asked(*, session: Session, subjects: Sequence[str]) -> dict[str, int]:
+    """Subject -> the highest request number its filings asked (`4-dispatch-3` is number 3)."""
+    rows = session.exec(
+        select(DecisionRow.ticket_id, DecisionRow.request_id).where(col(DecisionRow.ticket_id).in_(subjects))
+    )
+    asked: dict[str, int] = {}
+    for subject, request_id in rows:
+        number = request_id.rsplit("-", 1)[-1]
+        if number.isdecimal():
+            asked[subject] = max(asked.get(subject, 0), int(number))
+    return asked
+
+
 def decision_subject(*, session: Session, request_id: str) -> str | None:
     """The subject (JSON, as the desk wrote it) of the workflow that asked `request_id`; None if unknown.
 

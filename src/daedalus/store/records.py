@@ -16,7 +16,8 @@ from sqlmodel import Session, select
 
 from daedalus.schemas.audit import AuditEvent, AuditKind, AuditRecord
 from daedalus.schemas.ticket import TicketStatus
-from daedalus.store import chain
+from daedalus.store import chain, seals
+from daedalus.store.seals import AuditKey
 from daedalus.store.tables import AuditEventRow, DecisionRow, TicketRow, VerdictRow
 
 _EVENTS: Table = AuditEventRow.__table__  # type: ignore[attr-defined]
@@ -44,14 +45,13 @@ WITHDRAW = (
 )
 
 
-def apply(*, session: Session, record: AuditRecord) -> bool:
+def apply(*, session: Session, record: AuditRecord, key: AuditKey) -> bool:
     """Write the record's event, projection, decision and verdicts. False if it was already written.
 
     Written is the exception (a retried activity), so it is not asked first: the event's unique (run id, seq)
     refuses the second copy at its insert, and that refusal undoes the whole transaction."""
     try:
-        _write(session, record)
-        session.flush()
+        _write(session, record, key)
     except IntegrityError:
         session.rollback()
         if _written(session, record.event):
@@ -60,26 +60,27 @@ def apply(*, session: Session, record: AuditRecord) -> bool:
     return True
 
 
-def apply_all(*, session: Session, records: Sequence[AuditRecord]) -> int:
+def apply_all(*, session: Session, records: Sequence[AuditRecord], key: AuditKey) -> int:
     """Write consecutive records of one trail in the session's transaction; how many were new.
 
     A batch commits whole or not at all, so a retried batch normally finds all of it written. Should any of it
     be (a retry, or a write that raced it), the batch is undone and each record applied and committed alone."""
     try:
         for record in records:
-            _write(session, record)
-        session.flush()
+            _write(session, record, key)
     except IntegrityError:
         session.rollback()
         written = 0
         for record in records:
-            written += apply(session=session, record=record)
+            written += apply(session=session, record=record, key=key)
             session.commit()
         return written
     return len(records)
 
 
-def _write(session: Session, record: AuditRecord) -> None:
+def _write(session: Session, record: AuditRecord, key: AuditKey) -> None:
+    """The event, chained to its trail, then what it decided (projection, decision, verdicts), then its seal over
+    all of it (read back from this transaction, as `daedalus audit verify` will read it)."""
     event = record.event
     connection = session.connection()
     prev_hash = chain.last_hash(session, event.ticket_id)
@@ -104,6 +105,8 @@ def _write(session: Session, record: AuditRecord) -> None:
                 verdict=result.verdict.value,
             )
         )
+    session.flush()
+    seals.seal_written(session, key, AuditEventRow(**fields, prev_hash=prev_hash, hash=digest))
 
 
 def _written(session: Session, event: AuditEvent) -> bool:

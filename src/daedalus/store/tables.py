@@ -59,6 +59,10 @@ class AuditEventRow(SQLModel, table=True):
     detail: dict[str, str] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     prev_hash: str | None = Field(default=None, description="the hash of the trail's previous event")
     hash: str | None = Field(default=None, description="sha256 over prev_hash and this event's fields")
+    seal: str | None = Field(
+        default=None,
+        description="an HMAC under the audit key over `hash` and what the event decided (seals.py)",
+    )
 
 
 class DecisionRow(SQLModel, table=True):

@@ -14,7 +14,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from daedalus.campaigns.decision import proposal_question
@@ -42,12 +42,14 @@ with workflow.unsafe.imports_passed_through():
         Proposal,
         campaign_workflow_id,
     )
+    from daedalus.schemas.ticket import CancelRequest
     from daedalus.workflows.lease_helpers import holding_lease
     from daedalus.workflows.trail import AuditTrail
 
 STORE_TIMEOUT = timedelta(seconds=30)
 REMINDERS_PATCH = "campaign-proposal-reminders"
 """The waiting proposal is reminded (a timer); histories recorded before it wait without one."""
+CLOSED_STATES = ("adopted", "rejected", "no_proposal", "cancelled")
 CELL_LEASE_PRIORITY = 40
 """Below a ticket's gate (50): a sweep of many cells yields the GPUs between its cells to a ticket waiting."""
 
@@ -62,6 +64,8 @@ class CampaignWorkflow:
         self.total = 0
         self.proposal: Proposal | None = None
         self.answer: Decision | None = None
+        self.cancel_request: CancelRequest | None = None
+        self.filed_by = request.filed_by
         self.trail: AuditTrail[str] = AuditTrail(
             campaign_workflow_id(self.spec.id), status=lambda: self.state, view=lambda seq: self.state
         )
@@ -105,6 +109,23 @@ class CampaignWorkflow:
     def _validate_decide(self, decision: Decision) -> None:
         self.desk.validate(decision, self.state)
 
+    @workflow.update
+    def cancel(self, request: CancelRequest) -> CampaignStatus:
+        """Stop after the cell being measured (or the waiting proposal); the close records who and why."""
+        self.cancel_request = request
+        return self.status()
+
+    @cancel.validator
+    def _validate_cancel(self, request: CancelRequest) -> None:
+        if self.state in CLOSED_STATES or self.cancel_request is not None:
+            raise ValueError(f"campaign {self.spec.id} is already {self.state.replace('_', ' ')}")
+        allowed = [*self.spec.deciders, self.filed_by]
+        if request.requested_by not in allowed:
+            raise ValueError(
+                f"{request.requested_by} may not cancel campaign {self.spec.id}; allowed: its deciders and "
+                f"whoever started it: {allowed}"
+            )
+
     @workflow.run
     async def run(self, request: CampaignInput) -> CampaignStatus:
         spec = self.spec
@@ -127,6 +148,8 @@ class CampaignWorkflow:
             AuditKind.FILED, f"campaign of {len(cells)} cells on {spec.host}", actor=request.filed_by
         )
         for cell in cells:
+            if self.cancel_request is not None:
+                return await self._cancelled(control)
             result = await self._measure(cell, request.host_gpus)
             self.cells.append(result)
             self._show("running")
@@ -148,12 +171,33 @@ class CampaignWorkflow:
             question,
             CampaignProposalOption,
             evidence,
-            Waiting(reminder=timedelta(seconds=reminders) if reminders else None, interrupted=lambda: False),
+            Waiting(
+                reminder=timedelta(seconds=reminders) if reminders else None,
+                interrupted=lambda: self.cancel_request is not None,
+            ),
             ticket_id=campaign_workflow_id(spec.id),
             before_write=lambda _: self._show("awaiting_decision"),
         )
-        assert answer is not None  # nothing interrupts a campaign's wait but its cancellation
+        if answer is None:  # only its cancellation interrupts the wait
+            return await self._cancelled(control, proposal)
         await self._store(control, [], proposal=proposal, eligible=eligible)
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return self.status()
+
+    async def _cancelled(self, control: str, proposal: Proposal | None = None) -> CampaignStatus:
+        request = self.cancel_request
+        if request is None:
+            raise ApplicationError(
+                "a campaign closed as cancelled without a cancel request", non_retryable=True
+            )
+        self.desk.withdraw()
+        self._show("cancelled")
+        await self._store(control, [], proposal=proposal)
+        await self.trail.record(
+            AuditKind.CLOSED,
+            f"cancelled by {request.requested_by} after {len(self.cells)}/{self.total} cells: {request.reason}",
+            actor=request.requested_by,
+        )
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self.status()
 

@@ -30,7 +30,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from daedalus.ids import ticket_workflow_id
     from daedalus.schemas import search_attributes as sa
-    from daedalus.schemas.audit import AuditKind, TicketSnapshot
+    from daedalus.schemas.audit import CANCELLED_THROUGH, TEMPORAL_ACTOR, AuditKind, TicketSnapshot
     from daedalus.schemas.gates import Verdict
     from daedalus.schemas.ticket import (
         AttemptOutcome,
@@ -70,7 +70,8 @@ class TicketWorkflow:
         self.input = ticket
         self.spec = ticket.spec
         delegates = {k: list(v) for k, v in self.spec.approval.delegates.items()}
-        self.s = ticket.carry or TicketCarry(desk=DeskState(delegates=delegates))
+        asked_before = ticket.requests_before.get(self.spec.id, 0)
+        self.s = ticket.carry or TicketCarry(desk=DeskState(delegates=delegates, requests_made=asked_before))
         carried = self.s.trail if ticket.carry else None
         self.trail = AuditTrail(
             self.spec.id,
@@ -133,7 +134,7 @@ class TicketWorkflow:
     async def amend(self, amendment: SpecAmendment) -> TicketState:
         """Change the brief, constraints or attempt budget; applies from the next attempt."""
         changes = amendment.changes()
-        self.spec = self.spec.model_copy(update=changes)
+        self.spec = self.spec.changed(**changes)
         note = f": {amendment.note}" if amendment.note else ""
         await self.trail.record(
             AuditKind.AMENDED,
@@ -190,13 +191,20 @@ class TicketWorkflow:
         try:
             status, reason = await self._lifecycle()
         except (asyncio.CancelledError, Interrupted):
-            who = self.cancel_request.requested_by if self.cancel_request else "temporal"
-            why = self.cancel_request.reason if self.cancel_request else "workflow cancelled"
             self.desk.withdraw()
             attempts = self.s.attempts
             if attempts and attempts[-1].outcome is AttemptOutcome.COMMITTED:
-                self._replace_attempt(attempts[-1].model_copy(update={"outcome": AttemptOutcome.CANCELLED}))
-            await self._close(TicketStatus.CANCELLED, f"cancelled by {who}: {why}", actor=who)
+                self._replace_attempt(attempts[-1].changed(outcome=AttemptOutcome.CANCELLED))
+            if self.cancel_request is not None:
+                who, why = self.cancel_request.requested_by, self.cancel_request.reason
+                await self._close(TicketStatus.CANCELLED, f"cancelled by {who}: {why}", actor=who)
+            else:  # not a person's decision: the audit writer adds the client and reason Temporal recorded
+                await self._close(
+                    TicketStatus.CANCELLED,
+                    "cancelled through Temporal, outside Daedalus (no person decided it)",
+                    actor=TEMPORAL_ACTOR,
+                    detail={CANCELLED_THROUGH: "temporal"},
+                )
             return self.state()
         await self._close(status, reason)
         return self.state()
@@ -240,6 +248,7 @@ class TicketWorkflow:
                         filed_by=f"ticket {self.spec.id}",
                         dispatch=rules.child_dispatch(self.input.dispatch, child),
                         hosts=self.input.hosts,
+                        requests_before=self.input.requests_before,
                     ),
                     id=ticket_workflow_id(child.id),
                     search_attributes=sa.at_start(child),
@@ -398,22 +407,30 @@ class TicketWorkflow:
         carry = self.s.model_copy(
             update={"desk": self.desk.state, "trail": self.trail.carry(), "continued": self.s.continued + 1}
         )
-        workflow.continue_as_new(self.input.model_copy(update={"spec": self.spec, "carry": carry}))
+        workflow.continue_as_new(self.input.changed(spec=self.spec, carry=carry))
 
     def _set(self, **changes: Any) -> None:
-        self.s = self.s.model_copy(update=changes)
+        self.s = self.s.changed(**changes)
 
     def _replace_attempt(self, summary: AttemptSummary) -> None:
         self._set(attempts=[summary if a.number == summary.number else a for a in self.s.attempts])
 
-    async def _transition(self, status: TicketStatus, summary: str, actor: str = "daedalus") -> None:
+    async def _transition(
+        self,
+        status: TicketStatus,
+        summary: str,
+        actor: str = "daedalus",
+        detail: dict[str, str] | None = None,
+    ) -> None:
         self._set(status=status)
         self.ui.show(self.spec, status, summary)
-        await self.trail.record(AuditKind.TRANSITION, summary, actor=actor, wait=False)
+        await self.trail.record(AuditKind.TRANSITION, summary, actor=actor, detail=detail, wait=False)
 
-    async def _close(self, status: TicketStatus, reason: str, actor: str = "daedalus") -> None:
+    async def _close(
+        self, status: TicketStatus, reason: str, actor: str = "daedalus", detail: dict[str, str] | None = None
+    ) -> None:
         self._set(outcome_reason=reason)
-        await self._transition(status, f"closed {status.value}: {reason}", actor=actor)
+        await self._transition(status, f"closed {status.value}: {reason}", actor=actor, detail=detail)
         await self.lessons.outcome(self.spec, status, reason, self.s.attempts)
         await self.trail.flush()  # the ticket is closed once the store holds its whole trail
 

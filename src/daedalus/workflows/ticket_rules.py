@@ -55,8 +55,15 @@ def child_dispatch(rule: DispatchRule | None, child: TicketSpec) -> DispatchRule
 
 
 def ticket_commands(spec: TicketSpec) -> list[str]:
-    """What one ticket will run on its host (agent, build, gates), as a dispatch request shows it."""
+    """What one ticket will run on its host (agent, build, gates) and where, as a dispatch request shows it.
+    Every one of them runs confined (daedalus.sandbox): in the attempt's private checkout, the only place it
+    may write, with no secrets and no network but an agent's model endpoint."""
     where = f"ticket {spec.id} on {spec.host}"
+    checkout = (
+        f"a private checkout of {spec.engine.repo} at {spec.engine.base_commit}"
+        if spec.engine is not None
+        else "an empty directory of the attempt"
+    )
     lines = []
     if spec.agent is not None:
         agent = spec.agent
@@ -65,14 +72,20 @@ def ticket_commands(spec: TicketSpec) -> list[str]:
                 f"applies a {len(agent.patch.splitlines())}-line patch" if agent.patch else "applies no patch"
             )
             runs = f", then runs: {' && '.join(agent.commands)}" if agent.commands else ""
-            lines.append(f"{where}: scripted agent {patch}{runs}")
+            lines.append(f"{where}: scripted agent {patch} in {checkout}, no network{runs}")
         else:
             model = f" (model {agent.model})" if agent.model else ""
-            repo = spec.engine.repo if spec.engine is not None else "(no repository)"
-            lines.append(f"{where}: agent {agent.name.value}{model} works in a worktree of {repo}")
+            budget = f", budget ${agent.budget_usd:g}" if agent.budget_usd is not None else ""
+            lines.append(
+                f"{where}: agent {agent.name.value}{model} works in {checkout}; its network reaches its model "
+                f"endpoint only{budget}"
+            )
+    confined = f"in {checkout}; no network, no secrets, no GPU but those leased to it"
     if spec.build is not None:
-        lines.append(f"{where}: build: {spec.build.command}")
-    lines.extend(f"{where}: gate {gate.name}: {gate.command}" for gate in spec.gates)
+        lines.append(f"{where}: build ({confined}): {spec.build.command}")
+    lines.extend(f"{where}: gate {gate.name} ({confined}): {gate.command}" for gate in spec.gates)
+    if spec.engine is not None and spec.allowed_paths != ["."]:
+        lines.append(f"{where}: the attempt may change only {', '.join(spec.allowed_paths)}")
     return lines
 
 
@@ -215,8 +228,8 @@ def builds_on(child: TicketSpec, predecessor_commit: str | None) -> TicketSpec:
     (any `base_commit` other than the default HEAD)."""
     if predecessor_commit is None or child.engine is None or child.engine.base_commit != "HEAD":
         return child
-    engine = child.engine.model_copy(update={"base_commit": predecessor_commit})
-    return child.model_copy(update={"engine": engine})
+    engine = child.engine.changed(base_commit=predecessor_commit)
+    return child.changed(engine=engine)
 
 
 def children_outcome(children: dict[str, TicketStatus]) -> Closed:

@@ -158,7 +158,7 @@ class TicketSteps:
         text = f"attempt {number}: build failed (exit {build.returncode})"
         await self.trail.record(AuditKind.BUILD, text, detail={"log": build.log}, wait=False)
         detail = f"build exited {build.returncode}: {build.log_tail[-600:]}"
-        return summary.model_copy(update={"outcome": AttemptOutcome.BUILD_FAILED, "detail": detail})
+        return summary.changed(outcome=AttemptOutcome.BUILD_FAILED, detail=detail)
 
     async def measure(self, spec: TicketSpec, gate: GateSpec, attempt: int, commit: str) -> GateResult:
         """Measure a gate; INCONCLUSIVE and INVALID are rerun automatically before anyone is asked."""
@@ -225,7 +225,7 @@ class TicketSteps:
                 leased = LeaseRecord(lease_id=lease.lease_id, host=spec.host, gpus=lease.gpus)
                 measured = await self.steps.on_host(
                     RUN_GATE,
-                    step.model_copy(update={"lease": leased}),
+                    step.changed(lease=leased),
                     host=spec.host,
                     timeout=timeout,
                     schedule_to_start=schedule_to_start,
@@ -234,7 +234,7 @@ class TicketSteps:
                 )
             if isinstance(measured, StepFailed):
                 return measured
-            return measured.model_copy(update={"lease": leased})
+            return measured.changed(lease=leased)
 
         try:
             result = await self.steps.run(under_lease())

@@ -44,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
         AuditKind,
         AuditRecord,
         TicketSnapshot,
+        TrailHead,
         TrailState,
     )
     from daedalus.schemas.gates import GateResult
@@ -54,6 +55,8 @@ AUDIT_LOCAL_ACTIVITY = "audit-local-activity"
 AUDIT_BATCHES = "audit-batched-writes"
 """Patch, asked in the run's first activation (patches.py says why there): the trail batches its writes (see the
 module's docstring). Runs started before it write each event alone and wait for it."""
+AUDIT_HEAD_QUERY = "audit_head"
+"""Every workflow with a trail answers it (daedalus.services.audit holds the store against it)."""
 V = TypeVar("V")
 
 
@@ -94,6 +97,17 @@ class AuditTrail(Generic[V]):
         self._batched = False
         self._queue: list[_Queued[V]] = []
         self._writer: asyncio.Task[None] | None = None
+        workflow.set_query_handler(AUDIT_HEAD_QUERY, self.head)
+
+    def head(self) -> TrailHead:
+        """How far the store holds this trail (a query, so it never changes the workflow's history)."""
+        info = workflow.info()
+        return TrailHead(
+            subject=self.subject,
+            workflow_id=info.workflow_id,
+            run_id=info.first_execution_run_id,
+            seq=self.written_seq,
+        )
 
     def begin(self) -> None:
         """Take the starting view, once the workflow's parts exist: every event before it is written."""

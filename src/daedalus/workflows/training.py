@@ -195,7 +195,7 @@ class TrainingRunWorkflow:
     @workflow.update
     def stop(self, request: StopTraining) -> TrainingRunStatus:
         """Stop the run gracefully (checkpoint signal first); the current segment is cancelled at once."""
-        self.c = self.c.model_copy(update={"stop": request})
+        self.c = self.c.changed(stop=request)
         if self.segment is not None and not self.segment.done():
             self.segment.cancel()
         return self.status()
@@ -321,7 +321,7 @@ class TrainingRunWorkflow:
         )
         # The run was dispatched (or needed no decision) before its first incarnation: its rule goes on, no
         # longer required, for its hunting tickets.
-        dispatched = self.dispatch.model_copy(update={"required": False}) if self.dispatch else None
+        dispatched = self.dispatch.changed(required=False) if self.dispatch else None
         workflow.continue_as_new(
             TrainingRunInput(
                 spec=self.spec, carry=carry, gpus=self.gpus, started_by=self.started_by, dispatch=dispatched
@@ -329,7 +329,7 @@ class TrainingRunWorkflow:
         )
 
     def _set(self, **changes: object) -> None:
-        self.c = self.c.model_copy(update=changes)
+        self.c = self.c.changed(**changes)
 
     def _notifies(self) -> bool:
         """Whether requests are posted and reminded."""
@@ -415,7 +415,7 @@ class TrainingRunWorkflow:
         policy = self.spec.watchdog
         leased = self.lease.environment() if self.lease else {}
         inp = SuperviseInput(
-            spec=self.spec.model_copy(update={"env": {**self.spec.env, **leased}}),
+            spec=self.spec.changed(env={**self.spec.env, **leased}),
             incarnation=self.c.incarnation,
             stop_requested=self.c.stop is not None,
             resume_from=self._resume_from(),
@@ -443,7 +443,7 @@ class TrainingRunWorkflow:
             except asyncio.CancelledError:
                 if self.c.stop is None:
                     raise  # the workflow itself is cancelled
-                inp = inp.model_copy(update={"stop_requested": True})
+                inp = inp.changed(stop_requested=True)
             except ActivityError as err:
                 refused = TrainingInputError.failure_in(err)
                 if refused is not None:
@@ -454,7 +454,7 @@ class TrainingRunWorkflow:
                 if self.c.stop is None:
                     raise
                 # Cancelled by `stop`: the activity has stopped the trainer; the next segment collects the death.
-                inp = inp.model_copy(update={"stop_requested": True})
+                inp = inp.changed(stop_requested=True)
             finally:
                 self.segment = None
 

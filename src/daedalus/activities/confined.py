@@ -1,0 +1,76 @@
+"""Running a build's or a gate's command confined: the attempt's checkout in a sandbox, under the host's limits.
+
+The command is the ticket's, but what it runs is the agent's code (a `build.sh` its patch added, a test it
+wrote), so it runs as an agent's command does: no secrets, no store, no network, nothing writable but its
+checkout and a scratch directory of its own, the leased GPUs' devices only, and nothing of it alive after it.
+The worker, outside, reads what it printed and writes the verdicts and audit events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from daedalus.activities.workspace import Workspace
+from daedalus.confinement import StepSettings, gpu_device_nodes
+from daedalus.engines.paths import cache_root
+from daedalus.processes import Finished, run_logged
+from daedalus.sandbox import Sandbox
+from daedalus.schemas.gates import LeaseRecord
+from daedalus.schemas.steps import ResourceLimits
+
+
+@dataclass(frozen=True)
+class ConfinedSteps:
+    workspace: Workspace
+    settings: StepSettings
+    limits: ResourceLimits
+    """The host's: its registry entry's `limits`, else the settings' default."""
+
+    def sandbox(self, ticket_id: str, attempt: int, scratch: Path, lease: LeaseRecord | None) -> Sandbox:
+        return Sandbox.for_step(
+            self.workspace.worktree(ticket_id, attempt),
+            objects=self.workspace.borrowed_objects(ticket_id, attempt),
+            scratch=scratch,
+            cache=cache_root(),
+            read_only=self.settings.read_only,
+            devices=gpu_device_nodes(lease.gpus) if lease is not None else [],
+            env=lease.environment() if lease is not None else None,
+            tmp_mib=self.limits.tmp_mib,
+        )
+
+    async def run(
+        self,
+        command: str,
+        *,
+        ticket_id: str,
+        attempt: int,
+        scratch: Path,
+        log_path: Path,
+        timeout_s: float,
+        heartbeat: Callable[[], None],
+        pidfile: Path,
+        stdout_path: Path | None = None,
+        lease: LeaseRecord | None = None,
+    ) -> Finished:
+        return await run_logged(
+            command,
+            cwd=self.workspace.worktree(ticket_id, attempt),
+            log_path=log_path,
+            stdout_path=stdout_path,
+            timeout_s=timeout_s,
+            heartbeat=heartbeat,
+            pidfile=pidfile,
+            sandbox=self.sandbox(ticket_id, attempt, scratch, lease),
+            limits=self.limits,
+            cgroup_root=self.settings.cgroup_root,
+        )
+
+
+def limits_note(finished: Finished) -> str:
+    """What a step's result says of its limits: the ones it hit, and those the host could not enforce."""
+    parts = [f"the step {hit}" for hit in finished.limits_hit]
+    if finished.unlimited:
+        parts.append(finished.unlimited)
+    return "; ".join(parts)
