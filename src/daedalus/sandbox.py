@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,8 +68,10 @@ AGENT_IDENTITY = {
 
 
 def bwrap_binary() -> str:
-    """The `bwrap` executable, or SandboxUnavailable saying how to install it."""
-    found = shutil.which("bwrap")
+    """The host's `bwrap`, else the one an offline bundle put beside this Python (daedalus.hosts.bundle_install),
+    or SandboxUnavailable saying how to install it."""
+    bundled = Path(sys.executable).parent / "bwrap"
+    found = shutil.which("bwrap") or (str(bundled) if os.access(bundled, os.X_OK) else None)
     if found is None:
         raise SandboxUnavailable(
             "bubblewrap (`bwrap`) is not installed on this host, and agents only run inside it: install it "
@@ -262,4 +265,10 @@ def installation() -> tuple[Path, ...]:
     environment and, for an editable install, its source tree. Read-only in a step's sandbox."""
     package = Path(__file__).resolve().parent
     found = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), package.parent}
+    # Site directories outside both prefixes: a GPU image's own venv (/opt/torch/.venv), which an offline
+    # bundle's venv reads its numpy, scipy and torch from through a .pth file.
+    user = site.getusersitepackages()
+    found |= {
+        Path(p).resolve() for p in sys.path if p.endswith("site-packages") and p != user and Path(p).is_dir()
+    }
     return tuple(sorted(found))

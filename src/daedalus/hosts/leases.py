@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from daedalus.hosts.registry import Constraint, HostSpec, TenantSpec
 from daedalus.schemas._base import Model
+from daedalus.schemas.host_check import HostCheckRecord
 
 KEEPER_PREFIX = "lease-keeper-"
 
@@ -196,6 +197,9 @@ class KeeperState(State):
     events: list[KeeperEvent] = Field(default_factory=list, description="the latest, newest last")
     next_seq: int = 0
     aging_s: float = 300.0
+    last_check: HostCheckRecord | None = Field(
+        default=None, description="the host's last check of itself, sent by its worker at start"
+    )
 
     def live_constraints(self) -> list[Constraint]:
         every = [*self.pool_constraints, *self.host.constraints]

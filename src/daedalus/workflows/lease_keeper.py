@@ -43,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         ranked,
         waiting_ttl_s,
     )
+    from daedalus.schemas.host_check import HostCheck, HostCheckReceipt, HostCheckRecord
 
 ACQUIRE_WAIT_S = 20.0
 """How long one `acquire` call waits before answering WAITING: bounded so that continue-as-new never waits
@@ -213,6 +214,19 @@ class LeaseKeeperWorkflow:
     def _validate_configure(self, config: HostConfig) -> None:
         if config.host.name != self._host:
             raise ValueError(f"this keeper serves host {self._host}, not {config.host.name}")
+
+    @workflow.update
+    def record_host_check(self, check: HostCheck) -> HostCheckReceipt:
+        """A worker's check of this host, sent before it polls (daedalus.hosts.check). The answer is this
+        workflow's clock, which the host compares with its own (clock skew)."""
+        now = workflow.now()
+        self._state.last_check = HostCheckRecord(check=check, received_at=now)
+        return HostCheckReceipt(received_at=now)
+
+    @record_host_check.validator
+    def _validate_host_check(self, check: HostCheck) -> None:
+        if check.host != self._host:
+            raise ValueError(f"this keeper serves host {self._host}, not {check.host}")
 
     @workflow.signal
     def ticket_passed(self, ticket_id: str) -> None:
