@@ -42,9 +42,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests bench
 	$(VENV)/bin/mypy
 
-bench: engine
+bench: engine vllm
 	$(VENV)/bin/python bench/lifecycle.py
 	$(VENV)/bin/python bench/harness_fidelity.py
+	$(VENV)/bin/python bench/vllm_fidelity.py
 	$(VENV)/bin/python bench/dispatch.py
 	$(VENV)/bin/python bench/watchdog.py
 	$(VENV)/bin/python bench/chaos.py --store sqlite
