@@ -185,7 +185,6 @@ def capacity_measurement(metric: Metric, cap: CapacityResult, artifact: Path) ->
     evidence = {"artifact": str(artifact), "contexts": ",".join(map(str, cap.contexts)),
                 "reported_kib_per_token": str(cap.kib_per_token_reported)}  # fmt: skip
     value: float | None
-    other: float | None
     if metric is Metric.KV_POOL_TOKENS:
         value = float(cap.pool_tokens) if cap.pool_tokens is not None else None
         invalid = None if value is not None else f"no KV cache line in the server log; see {artifact}"
