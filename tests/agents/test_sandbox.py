@@ -77,14 +77,18 @@ async def shell(box: Toolbox, command: str) -> str:
 
 async def test_climbing_out_with_cd_finds_no_host_files(box: Toolbox, tmp_path: Path, secret: str) -> None:
     up = ";".join(["cd .."] * len(box.root.parts))
-    out = await shell(box, f"{up};cat etc/hostname; cat {os.path.relpath(tmp_path / 'secret.txt', '/')}")
+    out = await shell(
+        box, f"{up};cat etc/hostname; cat {os.path.relpath(tmp_path / 'secret.txt', '/')}; pwd; echo probe-ran"
+    )
+    assert "probe-ran" in out and "\n/\n" in out, out  # the shell ran, and climbed to its own root
     assert Path("/etc/hostname").read_text().strip() not in out.split("\n", 1)[1]
     assert secret not in out
 
 
 async def test_a_usr_prefix_does_not_open_the_host(box: Toolbox, tmp_path: Path, secret: str) -> None:
     target = Path("/tmp") / f"sandbox-escape-{uuid.uuid4().hex}"
-    out = await shell(box, f"echo pwned > /usr/..{target}; cat /usr/..{tmp_path}/secret.txt")
+    out = await shell(box, f"echo pwned > /usr/..{target}; cat /usr/..{tmp_path}/secret.txt; echo probe-ran")
+    assert "probe-ran" in out and "No such file" in out, out  # it ran, and the host's files are not there
     assert not target.exists(), out
     assert secret not in out
 
@@ -97,6 +101,7 @@ async def test_home_is_empty_and_not_the_workers(
     (home / ".ssh" / "id_ed25519").write_text("PRIVATE-KEY-4715")
     monkeypatch.setenv("HOME", str(home))
     out = await shell(box, "echo $HOME; ls -A $HOME; cat $HOME/.ssh/id_ed25519 ~/.ssh/id_ed25519; ls /root")
+    assert out.splitlines()[1].startswith("/"), out  # it ran: the sandbox's own home was printed
     assert "PRIVATE-KEY-4715" not in out and str(home) not in out
 
 

@@ -5,21 +5,26 @@ ticket closes as its inputs imply, every trail is whole, every answer is applied
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+SEED = 512797
+"""A fixed fault schedule, so a failure here reruns exactly (`bench/chaos.py --seed N` explores new ones)."""
+BENCH_LIMIT_S = 540
 
 
+@pytest.mark.timeout(BENCH_LIMIT_S + 60)
 def test_a_few_faults_lose_nothing(tmp_path: Path) -> None:
+    seed = SEED
     out = tmp_path / "chaos.json"
-    seed = random.randrange(1_000_000)  # a new schedule of faults each run; the report names it
     command = [sys.executable, str(ROOT / "bench" / "chaos.py"), "--out", str(out), "--no-llama"]
     command += ["--seed", str(seed)]
     command += ["--tickets", "6", "--faults", "5", "--window-s", "20", "--settle-timeout-s", "150"]
-    finished = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=BENCH_LIMIT_S, check=False)
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
     result = json.loads(out.read_text())
     report = f"seed {seed}: " + json.dumps(result["problems"], indent=1)

@@ -67,7 +67,11 @@ async def test_q8_kv_against_f16_follows_the_near_tie_rule(
         launched(_preset("local-f16"), small_model, tmp_path / "f16", build=llama_build) as f16,
     ):
         result = await temp0_identity(q8, f16, probes=identity_probes(8))
-    assert result.identical + result.near_ties == result.prompts or not result.passed
+    # q8_0 KV may really diverge from f16 on random weights: whatever it does, the verdict is the rule's
+    diverged = [j for j in result.judgements if j.outcome is ProbeOutcome.DIVERGED]
+    assert len(result.judgements) == result.prompts == 8
+    assert result.identical + result.near_ties + len(diverged) == result.prompts
+    assert result.passed is (not diverged), result.detail
     for judged in result.judgements:
         if judged.outcome is ProbeOutcome.DIVERGED:
             assert judged.first_divergence is not None
@@ -119,21 +123,41 @@ async def test_kib_per_token_by_difference_and_compression(llama_build: LlamaBui
     assert result.pool_tokens == 2048
 
 
+MIB = 1024 * 1024
+
+
+async def serves_4k_under(model: Path, workdir: Path, build: LlamaBuild, cap: int) -> bool:
+    """Whether a 4K-context server starts and answers a request under the cap (its first request allocates
+    buffers too: a server can start and then answer `std::bad_alloc`)."""
+    probe = await wall_sweep(
+        _preset("local-f16"), model, workdir, build, contexts=(4096,), memory_limit_bytes=cap
+    )
+    return probe.wall_context == 4096
+
+
 async def test_wall_sweep_records_the_crash_as_a_finding(llama_build: LlamaBuild, tmp_path: Path) -> None:
     from daedalus.engines.tiny_model import ensure_model
 
     model = ensure_model("medium")
-    # An address-space cap stands in for a GPU's memory. Under a cap glibc reserves less, so what a context needs
-    # is less than its uncapped VmPeak: 4K started under 430 MiB, 32K (256 MiB more of KV) failed under 540 and
-    # started under 600 on one machine (a 600 MiB cap that used to separate them stopped doing so). 480 MiB
-    # leaves a margin on each side.
+    # An address-space cap stands in for a GPU's memory. What a context needs under a cap depends on the
+    # machine's allocator (glibc reserves less under a cap than its uncapped VmPeak shows), so the cap is found
+    # here: the least at which 4K serves (bisection, 16 MiB steps), plus half of the 256 MiB more KV that 32K
+    # needs. 4K then serves, 32K cannot.
+    low, high = 64 * MIB, 2048 * MIB
+    assert await serves_4k_under(model, tmp_path / "cap-high", llama_build, high), "4K must serve under 2 GiB"
+    while high - low > 16 * MIB:
+        middle = (low + high) // 2
+        if await serves_4k_under(model, tmp_path / f"cap-{middle // MIB}", llama_build, middle):
+            high = middle
+        else:
+            low = middle
     result = await wall_sweep(
         _preset("local-f16"),
         model,
         tmp_path,
         llama_build,
         contexts=(1024, 4096, 32768),
-        memory_limit_bytes=480 * 1024 * 1024,
+        memory_limit_bytes=high + 128 * MIB,
     )
     assert result.wall_context == 4096 and result.first_failure == 32768, result.probes
     assert result.probes[-1].crashed and result.findings

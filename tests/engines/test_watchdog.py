@@ -330,13 +330,17 @@ async def test_a_real_sigkill_is_a_kernel_oom_only_with_evidence(tmp_path: Path)
 
 async def test_supervised_outside_sigkill_records_no_oom_evidence(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, "--step-s", "0.05")
-    host_before = read_counter_file(Path("/proc/vmstat"))
     task = asyncio.create_task(segment(spec))
     record = await trainer_record(spec)
     await asyncio.sleep(0.3)
     os.kill(record.pid, signal.SIGKILL)
     report = await task
     assert report.death is not None
-    if read_counter_file(Path("/proc/vmstat")) == host_before:  # no OOM kill anywhere on the host meanwhile
+    if not report.death.oom_kills_during_run:  # the watchdog saw no OOM kill anywhere on the host meanwhile
         assert report.death.death_class is DeathClass.OUTSIDE_SIGKILL and report.death.oom_evidence == []
-        assert "sender unknown" in report.death.summary and report.death.oom_kills_during_run in (0, None)
+        assert "sender unknown" in report.death.summary
+    else:
+        # Another process on this shared host was OOM-killed meanwhile (a test of memory limits): a host-wide
+        # move is the only evidence a unified-memory host has, so it counts, and says it is host-wide.
+        assert report.death.death_class is DeathClass.KERNEL_OOM, report.death
+        assert [line for line in report.death.oom_evidence if "host-wide" in line], report.death.oom_evidence

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -95,3 +97,15 @@ async def contextlib_multi(workers: list[Worker]) -> AsyncIterator[None]:
         for worker in workers:
             await stack.enter_async_context(worker)
         yield
+
+
+async def until_queued(client: Client, host: str, lease_id: str, timeout_s: float = 30) -> None:
+    """Wait until the keeper holds `lease_id` in its queue: the order of arrival is the keeper's, not a sleep's."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = await holder.keeper_state(client, host)
+        if any(w.request.lease_id == lease_id for w in state.waiting):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{lease_id} never reached the keeper of {host}'s queue: {state.waiting}")
+        await asyncio.sleep(0.05)

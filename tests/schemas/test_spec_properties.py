@@ -113,3 +113,43 @@ def test_filing_either_accepts_or_explains_every_problem_by_field(data: dict[str
         message = str(error)
         assert message.startswith("spec")
         assert "is not a valid ticket spec" in message or "reserves" in message or "must" in message, message
+
+
+valid_gates = st.fixed_dictionaries(
+    {
+        "name": st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,20}", fullmatch=True),
+        "metric": st.sampled_from([m.value for m in Metric]),
+        "threshold": st.floats(min_value=-1e9, max_value=1e9, allow_nan=False, allow_infinity=False),
+        "command": st.sampled_from(["true", "echo '{\"samples\": [1]}'"]),
+    },
+    optional={"timeout_s": st.integers(min_value=1, max_value=604_800)},
+)
+
+
+@st.composite
+def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
+    """Specs inside every limit: each must be accepted (the refusals above would pass a schema that refused all)."""
+    gates_drawn = draw(st.lists(valid_gates, min_size=1, max_size=3, unique_by=lambda g: g["name"]))
+    data: dict[str, Any] = {
+        "id": draw(st.from_regex(r"[a-z0-9][a-z0-9._-]{0,20}", fullmatch=True).filter(
+            lambda s: not s.startswith(("training-", "campaign-", "hunt-")))),
+        "title": draw(st.text(st.characters(blacklist_categories=["Cs", "Cc"]), min_size=1, max_size=TITLE_CHARS)),
+        "host": draw(st.sampled_from(["local", "mavis"])),
+        "gates": gates_drawn,
+    }  # fmt: skip
+    if draw(st.booleans()):
+        data["engine"] = {"name": "e", "kind": "repo", "repo": "/tmp/r"}
+        data["agent"] = {"name": "scripted", "commands": ["true"]}
+        data["spec"] = draw(st.text(max_size=200))
+        data["build"] = {"command": "make", "timeout_s": draw(st.integers(min_value=1, max_value=604_800))}
+        data["max_attempts"] = draw(st.integers(min_value=1, max_value=10))
+    return data
+
+
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(valid_specs())
+def test_every_spec_inside_the_limits_is_accepted_and_travels(data: dict[str, Any]) -> None:
+    spec = parse_spec(data)
+    [back] = DATA_CONVERTER.payload_converter.from_payloads([payload_of(spec)], [TicketInput])
+    assert back == TicketInput(spec=spec)
+    assert [g.name for g in spec.gates] == [g["name"] for g in data["gates"]]
