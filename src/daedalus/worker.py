@@ -37,7 +37,7 @@ from daedalus.config import Settings
 from daedalus.confinement import StepSettings
 from daedalus.engines import paths
 from daedalus.engines.paths import EngineSettings
-from daedalus.errors import SetupError
+from daedalus.errors import RegistryError, SetupError
 from daedalus.hosts.registry import load_registry
 from daedalus.ids import host_queue
 from daedalus.schemas.steps import ResourceLimits
@@ -186,9 +186,14 @@ def gpu_state_dir(workspace_root: Path, host: str) -> Path:
 
 
 def host_limits(config: WorkerConfig, host: str) -> ResourceLimits:
-    """What a confined step may use on `host`: its registry entry's limits, else the settings' default."""
+    """What a confined step may use on `host`: its registry entry's limits, else the settings' default (also
+    when the registry cannot be read: `daedalus host check` says so before the worker polls)."""
     if config.hosts_file is not None:
-        registry = load_registry(config.hosts_file)
+        try:
+            registry = load_registry(config.hosts_file)
+        except RegistryError as error:
+            log.warning("step_limits_from_settings", host=host, error=str(error))
+            return config.steps.limits
         if host in registry.names and (limits := registry.host(host).limits) is not None:
             return limits
     return config.steps.limits
