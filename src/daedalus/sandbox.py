@@ -14,8 +14,9 @@ What a sandboxed command sees (decided here, documented in the README):
   configure there as it likes) and, read-only, the host repository's object store it borrows from. The
   host's repository itself (config, hooks, refs, HEAD) is never mounted: the host commits the attempt's
   files there itself (`daedalus.agents.worktree.capture`);
-* no network (a loopback of its own) unless asked for: only the CLI agents, which call their model endpoint
-  themselves, get the host's network (bubblewrap cannot limit it to one endpoint);
+* no network (a loopback of its own) unless asked for. The CLI agents, which call their model endpoint
+  themselves, do not get it either: their one way out is `daedalus.egress` (a forwarder on their loopback, a
+  Unix socket bound in read-only, and a gateway on the host that admits their endpoint and nothing else);
 * a clean environment: PATH, HOME, locale, a git identity, the step's marker token and what its caller adds
   (the CLI agents: their own provider's key). Never the worker's environment;
 * for a build or a gate (`for_step`), also: Daedalus's own installation and the engine cache, read-only

@@ -1,11 +1,12 @@
-"""run_attempt through a real Temporal worker: retries never start a second agent, cancel leaves no process."""
+"""run_attempt through a real Temporal worker and the real Codex CLI: retries never start a second agent, cancel
+leaves no process."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,12 @@ from temporalio.worker import Worker
 from daedalus.activities.attempts import AttemptActivities
 from daedalus.activities.workspace import Workspace
 from daedalus.agents.base import RESULT_FILE, RUNNING_FILE
+from daedalus.agents.model_server import EditFile, ModelScript, ModelServer, Reply, Shell
 from daedalus.schemas._base import Model
 from daedalus.schemas.agents import AgentResult, ExitReason
 from daedalus.schemas.steps import AttemptInput
-from tests.agents.fakes import fake_cli_settings, sleeping, unique_sleep, write_fake_cli
+from tests.agents.clis import cli_settings, hanging, new_key
+from tests.agents.fakes import unique_sleep
 from tests.support import make_engine_repo, ticket_spec
 
 
@@ -54,32 +57,32 @@ class AttemptProbe:
         )
 
 
-SLOW_CODEX = """
-emit(type="thread.started", thread_id="th_1")
-child = subprocess.Popen(["sleep", os.environ.get("FAKE_SLEEP", "300")], start_new_session=True)
-open(os.path.join(SIDE, "child"), "w").write(str(child.pid))
-for i in range(int(os.environ.get("FAKE_STEPS", "8"))):
-    emit(type="item.completed", item={"id": f"r{i}", "type": "reasoning", "text": "thinking"})
-    time.sleep(0.5)
-child.kill()
-open("speed.txt", "w").write("56.0\\n")
-sh("git add -A && git commit -qm fix")
-emit(type="item.completed", item={"id": "m", "type": "agent_message", "text": "RESULT: success"})
-emit(type="turn.completed", usage={"input_tokens": 500, "cached_input_tokens": 0, "output_tokens": 50})
-"""
+def slow_change(marker: str, seconds: int = 6) -> ModelScript:
+    """What the real Codex CLI is told to do: a command that takes `seconds` (named by `marker`), then the edit."""
+    return ModelScript.of(
+        Shell(f"timeout {marker} sleep {seconds}"),
+        EditFile("speed.txt", "28.9", "56.0"),
+        Reply("RESULT: success"),
+    )
 
 
 class Env:
-    def __init__(self, tmp_path: Path, client: Client, queue: str, codex_body: str = SLOW_CODEX):
+    """The attempt activity on a real worker, its agent the real Codex CLI answering the local model server."""
+
+    def __init__(self, tmp_path: Path, client: Client, queue: str, server: ModelServer):
         self.tmp_path = tmp_path
         self.client = client
         self.queue = queue
+        self.server = server
         self.repo = make_engine_repo(tmp_path / "engine")
-        self.side = tmp_path / "side"
-        self.side.mkdir()
         self.workspace = Workspace(root=tmp_path / "ws", artifacts=tmp_path / "artifacts")
-        fake = write_fake_cli(tmp_path / "codex", codex_body)
-        self.activities = AttemptActivities(self.workspace, fake_cli_settings(tmp_path, codex_bin=str(fake)))
+        self.marker = unique_sleep()
+        self.script = self.use(slow_change(self.marker))
+
+    def use(self, script: ModelScript) -> ModelScript:
+        self.key = new_key()
+        self.activities = AttemptActivities(self.workspace, cli_settings(self.server, self.key))
+        return self.server.add(self.key, script)
 
     def request(self, agent: dict[str, Any] | None = None, **overrides: Any) -> AttemptInput:
         spec = ticket_spec(
@@ -101,25 +104,31 @@ class Env:
         )
 
     def starts(self) -> int:
-        path = self.side / "starts"
-        return len(path.read_text().split()) if path.exists() else 0
+        """How many Codex CLIs began this run's conversation (each sends its first request at step 0)."""
+        return sum(1 for a in self.server.arrivals if a.key == self.key and a.step == 0)
+
+
+@pytest.fixture(scope="module")
+def model_server() -> Iterator[ModelServer]:
+    with ModelServer() as server:
+        yield server
 
 
 @pytest.fixture
-def env(tmp_path: Path, temporal_client: Client, task_queue: str, monkeypatch: pytest.MonkeyPatch) -> Env:
-    monkeypatch.setenv("FAKE_SIDE_DIR", str(tmp_path / "side"))
-    monkeypatch.setenv("FAKE_SLEEP", unique_sleep())
-    return Env(tmp_path, temporal_client, task_queue)
+def env(tmp_path: Path, temporal_client: Client, task_queue: str, model_server: ModelServer) -> Env:
+    return Env(tmp_path, temporal_client, task_queue, model_server)
 
 
 async def test_a_retried_activity_follows_the_running_agent_instead_of_starting_another(env: Env) -> None:
-    # The first activity attempt times out at 2s while the agent needs ~4s: Temporal retries it.
-    probe = Probe(request=env.request(), start_to_close_s=2, heartbeat_s=5, max_attempts=4)
+    # The first activity attempt times out at 4s while the agent needs 6s for its command alone: Temporal
+    # retries it, and the retry follows the same Codex. (4s, not less: the first attempt must have made the
+    # worktree before it times out, or its retry makes it again beside it.)
+    probe = Probe(request=env.request(), start_to_close_s=4, heartbeat_s=5, max_attempts=8)
     async with env.worker():
         result = await env.run(probe)
     assert env.starts() == 1, "a retried activity must not start a second agent"
     assert result.exit_reason is ExitReason.COMMITTED, result.detail
-    assert result.commit and result.usage.input_tokens == 500
+    assert result.commit and result.usage.input_tokens == env.script.totals().input_tokens
     assert "followed after a worker retry" in result.detail
 
 
@@ -133,19 +142,19 @@ async def test_cancelling_kills_the_agent_group_and_records_a_cancelled_attempt(
             task_queue=env.queue,
         )
         artifacts = env.workspace.attempt_artifacts(request.spec.id, 1)
-        for _ in range(200):
-            if (env.side / "child").exists() and (artifacts / RUNNING_FILE).exists():
+        for _ in range(400):
+            if hanging(env.marker) and (artifacts / RUNNING_FILE).exists():
                 break
             await asyncio.sleep(0.05)
         agent_pid = json.loads((artifacts / RUNNING_FILE).read_text())["pid"]
-        assert sleeping(os.environ["FAKE_SLEEP"]), "the agent's child runs"
+        assert hanging(env.marker), "the agent's command runs"
         await handle.cancel()
         with pytest.raises(WorkflowFailureError):
             await handle.result()
     result = AgentResult.model_validate_json((artifacts / RESULT_FILE).read_text())
     assert result.exit_reason is ExitReason.CANCELLED and "killed" in result.detail
     assert not psutil.pid_exists(agent_pid) or psutil.Process(agent_pid).status() == psutil.STATUS_ZOMBIE
-    assert not sleeping(os.environ["FAKE_SLEEP"]), "the agent's child (a session of its own) outlived it"
+    assert not hanging(env.marker), "the agent's command outlived it"
     assert env.starts() == 1
 
 
@@ -167,39 +176,17 @@ async def test_prompt_carries_lessons_and_the_previous_failure(env: Env) -> None
             "lessons": ["prefix caching breaks partial prefill (trap, 2026-07-12, ticket 3)"],
         }
     )
-    env.activities.settings = fake_cli_settings(
-        env.tmp_path,
-        codex_bin=str(
-            write_fake_cli(
-                env.tmp_path / "quick",
-                """
-emit(type="item.completed", item={"id": "m", "type": "agent_message", "text": "nothing to do. RESULT: success"})
-""",
-            )
-        ),
-    )
+    script = env.use(ModelScript.of(Reply("nothing to do. RESULT: success")))
     async with env.worker():
         result = await env.run(Probe(request=request))
-    prompt = (env.side / "prompt.txt").read_text()
+    prompt = json.dumps(script.first_request)
     assert "prefix caching breaks partial prefill" in prompt and "28.9 < 55" in prompt
     # The agent claimed success without a commit: verification, not trust.
     assert result.claimed_success is True and result.exit_reason is ExitReason.NO_COMMIT
 
 
 async def test_commit_outside_allowed_paths_is_forbidden(env: Env) -> None:
-    env.activities.settings = fake_cli_settings(
-        env.tmp_path,
-        codex_bin=str(
-            write_fake_cli(
-                env.tmp_path / "rogue",
-                """
-open("README", "a").write("rogue\\n")
-sh("git commit -qam rogue")
-emit(type="turn.completed", usage={"input_tokens": 1, "cached_input_tokens": 0, "output_tokens": 1})
-""",
-            )
-        ),
-    )
+    env.use(ModelScript.of(Shell("echo rogue >> README"), Reply("RESULT: success")))
     async with env.worker():
         result = await env.run(Probe(request=env.request(allowed_paths=["src"])))
     assert result.exit_reason is ExitReason.FORBIDDEN and "README" in result.detail and result.commit is None

@@ -1,14 +1,15 @@
-"""Fixtures for agent tests: an engine repo with an attempt worktree, a task, the artifact dir."""
+"""Fixtures for agent tests: an engine repo with a worktree, a task, the artifact dir, the local model server."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from daedalus.agents import worktree as wt
+from daedalus.agents.model_server import ModelServer
 from daedalus.schemas.agents import AgentTask
 from daedalus.schemas.ticket import AgentSpec
 from tests.support import make_engine_repo
@@ -68,3 +69,10 @@ class Beats:
 @pytest.fixture
 def beats() -> Beats:
     return Beats()
+
+
+@pytest.fixture(scope="session")
+def model_server() -> Iterator[ModelServer]:
+    """The local model server the real CLIs talk to (one per session; each run has its own key and script)."""
+    with ModelServer() as server:
+        yield server

@@ -1,7 +1,10 @@
-"""Faithful fakes for tests: OpenAI- and Anthropic-protocol HTTP servers with scripted turns, and fake CLIs.
+"""Faithful fakes for the tool-loop agents' tests: OpenAI- (chat completions) and Anthropic-protocol HTTP servers
+with scripted turns, and helpers that find a test's processes.
 
 The servers speak the wire protocols the real SDKs expect (JSON and SSE streams, error bodies, 429 with
-retry-after), so the real `openai` / `anthropic` clients run against them unchanged.
+retry-after), so the real `openai` / `anthropic` clients run against them unchanged. The `codex` and `claude`
+agents are tested with the real programs against daedalus.agents.model_server instead (tests/agents/clis.py):
+no stand-in for either CLI remains.
 """
 
 from __future__ import annotations
@@ -9,22 +12,17 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import stat
-import sys
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-
-from daedalus.agents.settings import AgentSettings
 
 API_KEY = "test-key"
 
@@ -92,7 +90,7 @@ def build_app(script: Script) -> FastAPI:
                 "rate_limit_exceeded" if turn.status == 429 else "server_error",
             )
         cid, model = f"chatcmpl-{uuid.uuid4().hex[:8]}", body["model"]
-        calls = [
+        calls: list[dict[str, Any]] = [
             {
                 "index": i,
                 "id": f"call_{uuid.uuid4().hex[:6]}",
@@ -109,13 +107,9 @@ def build_app(script: Script) -> FastAPI:
         }
         finish = "tool_calls" if calls else "stop"
         if not body.get("stream"):
-            message = {
-                "role": "assistant",
-                "content": turn.text or None,
-                **({"tool_calls": calls} if calls else {}),
-            }
-            for c in message.get("tool_calls", []):
-                c.pop("index", None)
+            message: dict[str, Any] = {"role": "assistant", "content": turn.text or None}
+            if calls:
+                message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
             return JSONResponse(
                 {
                     "id": cid,
@@ -291,20 +285,6 @@ def serve(script: Script) -> Iterator[str]:
         thread.join(timeout=5)
 
 
-FAKE_ENV = ["FAKE_SIDE_DIR", "FAKE_PIDS", "FAKE_STEPS", "FAKE_SLEEP", "BENCH_EVENTS", "BENCH_MARKS"]
-
-
-def fake_cli_settings(tmp_path: Path, **fields: Any) -> AgentSettings:
-    """Settings for a fake CLI agent in its sandbox: it sees this interpreter (its shebang: the venv and the Python it was made from) read-only, may write
-    its side directories under `tmp_path`, and gets the FAKE_* variables that steer it. Nothing else."""
-    sandbox: dict[str, Any] = {
-        "sandbox_read_only": [sys.prefix, sys.base_prefix],
-        "sandbox_writable": [str(tmp_path / "side"), str(tmp_path / "pids")],
-        "sandbox_pass_env": FAKE_ENV,
-    }
-    return AgentSettings(**{**sandbox, **fields})
-
-
 def unique_sleep() -> str:
     """A `sleep` argument no other process on this shared machine uses: finds the fake's child by cmdline,
     since the pid it sees inside its sandbox's pid namespace means nothing outside."""
@@ -320,24 +300,3 @@ def sleeping(seconds: str) -> list[int]:
         for p in psutil.process_iter(["cmdline", "status"])
         if p.info["cmdline"] == ["sleep", seconds] and p.info["status"] != psutil.STATUS_ZOMBIE
     ]
-
-
-def write_fake_cli(path: Path, body: str) -> Path:
-    """A small executable standing in for `codex` or `claude`: Python, given `body` after common helpers."""
-    header = f"""#!{sys.executable}
-import json, os, subprocess, sys, time
-def emit(**event):
-    sys.stdout.write(json.dumps(event) + "\\n"); sys.stdout.flush()
-def sh(cmd):
-    subprocess.run(cmd, shell=True, check=True, env={{**os.environ, "GIT_AUTHOR_NAME": "fake",
-        "GIT_AUTHOR_EMAIL": "f@f", "GIT_COMMITTER_NAME": "fake", "GIT_COMMITTER_EMAIL": "f@f"}})
-PROMPT = sys.stdin.read()
-SIDE = os.environ.get("FAKE_SIDE_DIR")
-if SIDE:
-    with open(os.path.join(SIDE, "starts"), "a") as f: f.write(str(os.getpid()) + "\\n")
-    with open(os.path.join(SIDE, "argv.json"), "w") as f: json.dump(sys.argv[1:], f)
-    with open(os.path.join(SIDE, "prompt.txt"), "w") as f: f.write(PROMPT)
-"""
-    path.write_text(header + body)
-    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    return path

@@ -1,244 +1,282 @@
-"""Codex and Claude Code adapters against fake executables that emit the documented JSONL events."""
+"""The real Codex CLI and Claude Code as Daedalus's `codex` and `claude` agents: in their sandbox, with their
+egress to the local model server only, answering its script (tool calls that make a change, then a message)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from daedalus.agents.base import EVENTS_FILE, RUNNING_FILE, USAGE_FILE
 from daedalus.agents.claude import ClaudeAgent
+from daedalus.agents.cli import EGRESS_FILE, CliAgent
 from daedalus.agents.codex import CodexAgent
-from daedalus.agents.costs import load_usage
+from daedalus.agents.costs import load_usage, price_for
+from daedalus.agents.model_server import ModelScript, ModelServer, Reply, Shell, Step, WriteFile
 from daedalus.agents.settings import AgentSettings
+from daedalus.devserver import DevServer
 from daedalus.errors import AgentConfigError
 from daedalus.schemas.agents import ExitReason
+from tests.agents.clis import cli_settings, egress_decisions, hang, hanging, new_key, the_change
 from tests.agents.conftest import Beats, MakeTask
-from tests.agents.fakes import fake_cli_settings, sleeping, unique_sleep, write_fake_cli
+from tests.agents.fakes import unique_sleep
 
-CODEX_OK = """
-emit(type="thread.started", thread_id="th_1")
-emit(type="turn.started")
-emit(type="item.started", item={"id": "i1", "type": "command_execution", "command": "bash -lc 'ls'",
-     "status": "in_progress"})
-emit(type="item.completed", item={"id": "i1", "type": "command_execution", "command": "bash -lc 'ls'",
-     "aggregated_output": "speed.txt", "exit_code": 0, "status": "completed"})
-open("speed.txt", "w").write("56.0\\n")
-emit(type="item.completed", item={"id": "i2", "type": "file_change", "status": "completed",
-     "changes": [{"path": os.path.abspath("speed.txt"), "kind": "update"}]})
-sh("git add -A && git commit -qm 'fix align tax'")
-emit(type="item.completed", item={"id": "i3", "type": "agent_message", "text": "Fixed.\\nRESULT: success"})
-emit(type="turn.completed", usage={"input_tokens": 12000, "cached_input_tokens": 2000, "output_tokens": 900})
-"""
+AGENTS: dict[str, type[CliAgent]] = {"codex": CodexAgent, "claude": ClaudeAgent}
 
 
-async def test_codex_runs_streams_and_reports_usage(
-    tmp_path: Path, make_task: MakeTask, artifacts: Path, beats: Beats, monkeypatch: pytest.MonkeyPatch
+def agent_for(name: str, server: ModelServer, key: str, **fields: object) -> CliAgent:
+    return AGENTS[name](cli_settings(server, key, **fields))
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("name", ["codex", "claude"])
+async def test_the_cli_makes_the_scripted_change_and_its_usage_is_the_attempts_cost(
+    name: str, model_server: ModelServer, make_task: MakeTask, artifacts: Path, beats: Beats
 ) -> None:
-    side = tmp_path / "side"
-    side.mkdir()
-    monkeypatch.setenv("FAKE_SIDE_DIR", str(side))
-    fake = write_fake_cli(tmp_path / "codex", CODEX_OK)
-    task = make_task({"name": "codex", "model": "gpt-5-codex", "budget_usd": 5})
-    result = await CodexAgent(fake_cli_settings(tmp_path, codex_bin=str(fake))).run(
-        task, artifacts=artifacts, heartbeat=beats
-    )
+    key = new_key()
+    script = model_server.add(key, the_change(name))
+    task = make_task({"name": name, "budget_usd": 5})
+    result = await agent_for(name, model_server, key).run(task, artifacts=artifacts, heartbeat=beats)
     assert result.exit_reason is ExitReason.COMMITTED, result.detail
     assert result.claimed_success is True
-    argv = json.loads((side / "argv.json").read_text())
-    assert argv[:2] == ["exec", "--json"] and argv[-1] == "-" and argv[argv.index("-C") + 1] == task.worktree
-    prompt = (side / "prompt.txt").read_text()
-    for piece in (
-        "Make decode reach 55",
-        "no new dependencies",
-        "sm70 has no fp8",
-        "28.9 tok/s",
-        task.branch,
-    ):
-        assert piece in prompt
+    assert (Path(task.worktree) / "speed.txt").read_text() == "56.0\n"
+    # The program ran the commands and sent their output back to the model.
+    assert script.requests == len(script.steps)
+    assert "28.9" in script.tool_results[0] and "56.0" in script.tool_results[-1]
+    assert script.first_request is not None and "Make decode reach 55 tok/s." in json.dumps(
+        script.first_request
+    )
+    # What the model reported is what the attempt's cost record holds.
+    sent = script.totals()
     usage = result.usage
-    assert (usage.input_tokens, usage.cached_input_tokens, usage.output_tokens) == (12000, 2000, 900)
-    # 10k uncached * 1.25 + 2k cached * 0.125 + 900 out * 10, per million
-    assert usage.cost_source == "estimated" and usage.cost_usd == pytest.approx(0.02175)
-    assert Path(result.transcript or "").name == EVENTS_FILE
-    assert len((artifacts / EVENTS_FILE).read_text().splitlines()) == 7
+    assert (usage.input_tokens, usage.output_tokens) == (sent.input_tokens, sent.output_tokens)
+    price = price_for(usage.model)
+    assert price is not None and usage.cost_usd is not None
+    listed = (sent.input_tokens * price.input + sent.output_tokens * price.output) / 1e6
+    assert usage.cost_usd == pytest.approx(listed, abs=1e-6)
+    assert usage.cost_source == ("estimated" if name == "codex" else "provider")
+    kept = load_usage(artifacts / USAGE_FILE)
+    assert kept is not None and kept.input_tokens == sent.input_tokens
+    # Its own JSONL went to the transcript, and its way out was the model endpoint only.
+    events = [json.loads(line) for line in (artifacts / EVENTS_FILE).read_text().splitlines()]
+    assert events and events[-1]["type"] == ("turn.completed" if name == "codex" else "result")
+    allowed = {d["target"] for d in egress_decisions(artifacts) if d["allowed"]}
+    assert allowed == {f"127.0.0.1:{model_server.port}"}
+    assert not Path(json.loads((artifacts / EGRESS_FILE).read_text())["directory"]).exists()
+    assert not (artifacts / RUNNING_FILE).exists()
+    assert beats.details, "the supervisor heartbeats while the agent works"
+
+
+async def test_codex_writes_its_config_and_runs_the_model_daedalus_chose(
+    model_server: ModelServer, make_task: MakeTask, artifacts: Path, beats: Beats
+) -> None:
+    key = new_key()
+    script = model_server.add(
+        key, ModelScript.of(WriteFile("notes.txt", "kv cache\n"), Reply("RESULT: success"))
+    )
+    task = make_task({"name": "codex", "model": "gpt-5-mini"})
+    result = await agent_for("codex", model_server, key).run(task, artifacts=artifacts, heartbeat=beats)
+    assert result.exit_reason is ExitReason.COMMITTED, result.detail
+    assert (Path(task.worktree) / "notes.txt").read_text() == "kv cache\n"
+    config = (artifacts / "home" / ".codex" / "config.toml").read_text()
+    assert 'approval_policy = "never"' in config and 'sandbox_mode = "danger-full-access"' in config
+    assert script.first_request is not None and script.first_request["model"] == "gpt-5-mini"
+    assert result.usage.model == "gpt-5-mini"
+    # Codex asked for more than its model (analytics): the gateway refused it, and said so.
+    refused = [d for d in egress_decisions(artifacts) if not d["allowed"]]
+    assert all(d["route"] == "proxy" for d in refused)
+
+
+@pytest.mark.parametrize("name", ["codex", "claude"])
+async def test_a_cli_over_its_budget_is_stopped_mid_run_and_its_usage_kept(
+    name: str, model_server: ModelServer, make_task: MakeTask, artifacts: Path, beats: Beats
+) -> None:
+    # Each answer reports 400k input tokens: $0.50 at gpt-5-codex's list price, $1.20 at claude-sonnet-4-5's.
+    key = new_key()
+    steps = [Step(Shell(f"echo step {i}"), input_tokens=400_000, output_tokens=100) for i in range(12)]
+    script = model_server.add(key, ModelScript.of(*steps, Reply("RESULT: success")))
+    task = make_task({"name": name, "budget_usd": 1.0})
+    started = time.monotonic()
+    result = await agent_for(name, model_server, key).run(task, artifacts=artifacts, heartbeat=beats)
+    assert result.exit_reason is ExitReason.BUDGET_EXCEEDED, result.detail
+    assert "budget" in result.detail
+    assert script.requests < len(script.steps), "stopped before its script ran out"
+    assert time.monotonic() - started < 30
+    assert result.usage.cost_usd is not None and result.usage.cost_usd > 1.0
+    assert result.usage.input_tokens >= 400_000
+    kept = load_usage(artifacts / USAGE_FILE)
+    assert kept is not None and kept.input_tokens == result.usage.input_tokens
     assert not (artifacts / RUNNING_FILE).exists()
 
 
-async def test_codex_unknown_model_cost_is_unavailable_not_zero(
-    tmp_path: Path, make_task: MakeTask, artifacts: Path, beats: Beats
+async def test_claudes_own_budget_cap_stops_it_when_output_is_what_costs(
+    model_server: ModelServer, make_task: MakeTask, artifacts: Path, beats: Beats
 ) -> None:
-    fake = write_fake_cli(tmp_path / "codex", CODEX_OK)
-    task = make_task({"name": "codex", "budget_usd": 1})
-    result = await CodexAgent(fake_cli_settings(tmp_path, codex_bin=str(fake))).run(
-        task, artifacts=artifacts, heartbeat=beats
+    # 100k output tokens an answer ($1.50 at claude-sonnet-4-5's list price): Claude Code's stream shows an
+    # answer's output tokens only in its result, so its own cap (--max-budget-usd) is what stops it.
+    key = new_key()
+    steps = [Step(Shell(f"echo {i}"), input_tokens=1000, output_tokens=100_000) for i in range(4)]
+    script = model_server.add(key, ModelScript.of(*steps, Reply("RESULT: success")))
+    result = await agent_for("claude", model_server, key).run(
+        make_task({"name": "claude", "budget_usd": 1.0}), artifacts=artifacts, heartbeat=beats
     )
-    assert result.usage.cost_usd is None and result.usage.cost_source == "unavailable"
-    assert result.usage.input_tokens == 12000
-    assert "not enforceable" in result.detail
-    assert "cost unavailable" in result.summary()
+    assert result.exit_reason is ExitReason.BUDGET_EXCEEDED, result.detail
+    assert "by its own count" in result.detail and script.requests == 1
+    assert result.usage.cost_source == "provider" and (result.usage.cost_usd or 0) > 1.0
 
 
-async def test_codex_that_hangs_is_killed_with_its_children(
-    tmp_path: Path, make_task: MakeTask, artifacts: Path, beats: Beats, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("name", ["codex", "claude"])
+async def test_a_cli_that_hangs_in_a_tool_is_killed_with_the_tools_processes(
+    name: str, model_server: ModelServer, make_task: MakeTask, artifacts: Path, beats: Beats
 ) -> None:
-    fake = write_fake_cli(
-        tmp_path / "codex",
-        """
-emit(type="thread.started", thread_id="th_1")
-child = subprocess.Popen(["sleep", os.environ["FAKE_SLEEP"]], start_new_session=True)
-open(os.path.join(os.environ["FAKE_PIDS"], "child"), "w").write(str(child.pid))
-time.sleep(300)
-""",
-    )
-    pids = tmp_path / "pids"
-    pids.mkdir()
-    task = make_task({"name": "codex"}, idle_timeout_s=1)
-    agent = CodexAgent(fake_cli_settings(tmp_path, codex_bin=str(fake)))
-    monkeypatch.setenv("FAKE_PIDS", str(pids))
-    monkeypatch.setenv("FAKE_SLEEP", sleep := unique_sleep())
+    key = new_key()
+    marker = unique_sleep()
+    model_server.add(key, ModelScript.of(Shell(hang(marker)), Reply("RESULT: success")))
+    task = make_task({"name": name}, idle_timeout_s=3)
     started = time.monotonic()
-    result = await agent.run(task, artifacts=artifacts, heartbeat=beats)
-    assert result.exit_reason is ExitReason.TIMEOUT and "no event" in result.detail
-    assert time.monotonic() - started < 15
-    assert (pids / "child").exists(), "the fake started its child"
-    assert not sleeping(sleep), "the agent's child (in a session of its own) outlived the agent"
-    assert beats.details, "the supervisor heartbeats while it waits"
+    result = await agent_for(name, model_server, key).run(task, artifacts=artifacts, heartbeat=beats)
+    assert result.exit_reason is ExitReason.TIMEOUT and "no event" in result.detail, result.detail
+    assert time.monotonic() - started < 30
+    assert not hanging(marker), "the command the CLI ran outlived it"
 
 
-async def test_codex_crash_is_recorded_with_stderr(
-    tmp_path: Path, make_task: MakeTask, artifacts: Path, beats: Beats
+@pytest.mark.parametrize("name", ["codex", "claude"])
+async def test_cancelling_a_cli_mid_tool_ends_its_whole_tree_and_its_egress(
+    name: str, model_server: ModelServer, make_task: MakeTask, artifacts: Path, beats: Beats
 ) -> None:
-    fake = write_fake_cli(
-        tmp_path / "codex",
-        """
-emit(type="thread.started", thread_id="th_1")
-sys.stderr.write("panicked at 'sandbox denied'\\n")
-sys.exit(3)
-""",
+    key = new_key()
+    marker = unique_sleep()
+    model_server.add(key, ModelScript.of(Shell(hang(marker)), Reply("RESULT: success")))
+    task = make_task({"name": name})
+    run = asyncio.create_task(
+        agent_for(name, model_server, key).run(task, artifacts=artifacts, heartbeat=beats)
     )
-    task = make_task({"name": "codex"})
-    result = await CodexAgent(fake_cli_settings(tmp_path, codex_bin=str(fake))).run(
-        task, artifacts=artifacts, heartbeat=beats
-    )
-    assert result.exit_reason is ExitReason.FAILED
-    assert "exited 3" in result.detail and "sandbox denied" in result.detail
+    deadline = time.monotonic() + 30
+    while not hanging(marker):
+        assert time.monotonic() < deadline, "the CLI never ran its tool"
+        assert not run.done(), run.result()
+        await asyncio.sleep(0.05)
+    pid = json.loads((artifacts / RUNNING_FILE).read_text())["pid"]
+    tree = [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert not hanging(marker)
+    assert all(gone(p) for p in tree), [p for p in tree if not gone(p)]
+    assert not Path(json.loads((artifacts / EGRESS_FILE).read_text())["directory"]).exists()
 
 
-async def test_codex_forbidden_command_and_outside_write_stop_the_agent(
-    tmp_path: Path, make_task: MakeTask, artifacts: Path, beats: Beats
+@pytest.mark.parametrize("name", ["codex", "claude"])
+async def test_a_cli_that_exits_non_zero_is_a_failed_attempt_saying_why(
+    name: str, model_server: ModelServer, make_task: MakeTask, artifacts: Path, beats: Beats
 ) -> None:
-    for item in (
-        {"type": "command_execution", "command": "git push origin HEAD", "status": "in_progress"},
-        {"type": "file_change", "status": "completed", "changes": [{"path": "/etc/hosts", "kind": "update"}]},
-    ):
-        fake = write_fake_cli(
-            tmp_path / "codex",
-            f"""
-emit(type="item.started", item={item!r})
-time.sleep(60)
-""",
-        )
-        out = artifacts / item["type"]
-        out.mkdir()
-        task = make_task({"name": "codex"})
-        result = await CodexAgent(fake_cli_settings(tmp_path, codex_bin=str(fake))).run(
-            task, artifacts=out, heartbeat=beats
-        )
-        assert result.exit_reason is ExitReason.FORBIDDEN, result.detail
-        assert "forbidden" in result.detail or "outside its worktree" in result.detail
-
-
-async def test_missing_codex_binary_says_which_setting(
-    make_task: MakeTask, artifacts: Path, beats: Beats
-) -> None:
-
-    with pytest.raises(AgentConfigError, match="DAEDALUS_AGENT_CODEX_BIN"):
-        await CodexAgent(AgentSettings(codex_bin="/nonexistent/codex")).run(
-            make_task({"name": "codex"}), artifacts=artifacts, heartbeat=beats
-        )
-
-
-CLAUDE_OK = """
-emit(type="system", subtype="init", session_id="s1", model="claude-sonnet-4-5", tools=["Bash", "Edit"])
-msg = {"id": "msg_1", "model": "claude-sonnet-4-5", "role": "assistant",
-       "usage": {"input_tokens": 3000, "output_tokens": 400, "cache_read_input_tokens": 1000,
-                 "cache_creation_input_tokens": 0}}
-emit(type="assistant", message={**msg, "content": [{"type": "tool_use", "id": "tu1", "name": "Edit",
-     "input": {"file_path": os.path.abspath("speed.txt"), "old_string": "28.9", "new_string": "56.0"}}]})
-emit(type="assistant", message={**msg, "content": [{"type": "tool_use", "id": "tu2", "name": "Bash",
-     "input": {"command": "git commit -am fix"}}]})
-open("speed.txt", "w").write("56.0\\n")
-sh("git commit -qam fix")
-emit(type="user", message={"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu2",
-     "content": "ok"}]})
-emit(type="result", subtype="success", is_error=False, duration_ms=1200, num_turns=3,
-     result="Done.\\nRESULT: success", session_id="s1", total_cost_usd=0.0213,
-     usage={"input_tokens": 3100, "output_tokens": 450, "cache_read_input_tokens": 1000,
-            "cache_creation_input_tokens": 0})
-"""
-
-
-async def test_claude_reports_provider_cost_and_passes_caps(
-    tmp_path: Path, make_task: MakeTask, artifacts: Path, beats: Beats, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    side = tmp_path / "side"
-    side.mkdir()
-    monkeypatch.setenv("FAKE_SIDE_DIR", str(side))
-    fake = write_fake_cli(tmp_path / "claude", CLAUDE_OK)
-    task = make_task({"name": "claude", "budget_usd": 2.5}, max_turns=7)
-    result = await ClaudeAgent(fake_cli_settings(tmp_path, claude_bin=str(fake))).run(
-        task, artifacts=artifacts, heartbeat=beats
+    key = new_key()
+    model_server.add(key, ModelScript.of(Step(Reply(""), status=400)))
+    result = await agent_for(name, model_server, key).run(
+        make_task({"name": name}), artifacts=artifacts, heartbeat=beats
     )
-    assert result.exit_reason is ExitReason.COMMITTED and result.claimed_success is True
-    argv = json.loads((side / "argv.json").read_text())
-    assert argv[:5] == ["-p", "--output-format", "stream-json", "--verbose", "--max-turns"]
-    assert argv[5] == "7" and argv[argv.index("--max-budget-usd") + 1] == "2.50"
-    assert result.usage.cost_source == "provider" and result.usage.cost_usd == pytest.approx(0.0213)
-    assert (result.usage.input_tokens, result.usage.output_tokens, result.usage.turns) == (4100, 450, 3)
+    assert result.exit_reason is ExitReason.FAILED, result.detail
+    assert "scripted error 400" in result.detail
+    assert result.claimed_success is not True
 
 
-async def test_claude_over_budget_is_killed_and_usage_kept(
-    tmp_path: Path, make_task: MakeTask, artifacts: Path, beats: Beats
+async def test_claude_writing_outside_its_worktree_is_forbidden_and_nothing_lands(
+    tmp_path: Path, model_server: ModelServer, make_task: MakeTask, artifacts: Path, beats: Beats
 ) -> None:
-    fake = write_fake_cli(
-        tmp_path / "claude",
-        """
-emit(type="system", subtype="init", session_id="s1", model="claude-opus-4-1")
-for i in range(5):
-    emit(type="assistant", message={"id": f"m{i}", "model": "claude-opus-4-1", "content": [],
-         "usage": {"input_tokens": 20000, "output_tokens": 2000}})
-    time.sleep(0.05)
-time.sleep(60)
-""",
-    )
-    task = make_task({"name": "claude", "budget_usd": 0.5})
-    started = time.monotonic()
-    result = await ClaudeAgent(fake_cli_settings(tmp_path, claude_bin=str(fake))).run(
-        task, artifacts=artifacts, heartbeat=beats
-    )
-    assert result.exit_reason is ExitReason.BUDGET_EXCEEDED and "over its budget" in result.detail
-    assert time.monotonic() - started < 20
-    assert result.usage.cost_source == "estimated" and result.usage.cost_usd is not None
-    assert result.usage.cost_usd > 0.5 and result.usage.input_tokens >= 20000
-    kept = load_usage(artifacts / USAGE_FILE)
-    assert kept is not None and kept.input_tokens == result.usage.input_tokens
-
-
-async def test_claude_max_turns_is_a_failure(
-    tmp_path: Path, make_task: MakeTask, artifacts: Path, beats: Beats
-) -> None:
-    fake = write_fake_cli(
-        tmp_path / "claude",
-        """
-emit(type="result", subtype="error_max_turns", is_error=True, num_turns=7, total_cost_usd=0.4,
-     usage={"input_tokens": 10, "output_tokens": 5})
-""",
-    )
-    result = await ClaudeAgent(fake_cli_settings(tmp_path, claude_bin=str(fake))).run(
+    outside = tmp_path / "outside.txt"
+    key = new_key()
+    model_server.add(key, ModelScript.of(WriteFile(str(outside), "pwned\n"), Reply("RESULT: success")))
+    result = await agent_for("claude", model_server, key).run(
         make_task({"name": "claude"}), artifacts=artifacts, heartbeat=beats
     )
-    assert result.exit_reason is ExitReason.FAILED and "error_max_turns" in result.detail
-    assert result.claimed_success is False and result.usage.cost_usd == pytest.approx(0.4)
+    assert result.exit_reason is ExitReason.FORBIDDEN and "outside its worktree" in result.detail
+    assert not outside.exists()
+
+
+async def test_codex_commands_stay_in_the_worktree_and_a_forbidden_one_stops_it(
+    tmp_path: Path, model_server: ModelServer, make_task: MakeTask, artifacts: Path, beats: Beats
+) -> None:
+    outside = tmp_path / "outside.txt"
+    repo_head = tmp_path / "engine" / ".git" / "HEAD"
+    before = repo_head.read_text()
+    key = new_key()
+    script = model_server.add(
+        key,
+        ModelScript.of(
+            # Paths outside the worktree exist in the sandbox only as its own empty scratch: what is written
+            # there is gone with it, and the host's files are not there to read.
+            Shell(
+                f"echo pwned > {outside}; echo 'ref: refs/heads/x' > {repo_head}; cat /etc/passwd ~/.bashrc"
+            ),
+            Shell("git push origin HEAD"),
+            Reply("RESULT: success"),
+        ),
+    )
+    result = await agent_for("codex", model_server, key).run(
+        make_task({"name": "codex"}), artifacts=artifacts, heartbeat=beats
+    )
+    assert result.exit_reason is ExitReason.FORBIDDEN and "git push" in result.detail, result.detail
+    assert not outside.exists() and repo_head.read_text() == before
+    assert "No such file or directory" in script.tool_results[0]
+
+
+async def test_a_real_cli_reaches_its_model_and_nothing_else_on_the_host(
+    model_server: ModelServer, make_task: MakeTask, artifacts: Path, beats: Beats, temporal_server: DevServer
+) -> None:
+    """Codex's own shell tries Temporal's frontend, another HTTP server on the host's loopback (as the API
+    would be) and the outside world; the model server is the one thing it reaches."""
+    temporal_port = int(temporal_server.address.rpartition(":")[2])
+    with ModelServer() as other:
+        key = new_key()
+        probe = (
+            f"for port in {temporal_port} {other.port}; do (echo > /dev/tcp/127.0.0.1/$port) 2>&1 | tail -1; "
+            'echo "port $port: $?"; done; (echo > /dev/tcp/1.1.1.1/443) 2>&1 | tail -1'
+        )
+        script = model_server.add(key, ModelScript.of(Shell(probe), Reply("RESULT: failure")))
+        result = await agent_for("codex", model_server, key).run(
+            make_task({"name": "codex"}), artifacts=artifacts, heartbeat=beats
+        )
+    assert result.exit_reason is ExitReason.COMMITTED, result.detail
+    output = script.tool_results[0]
+    assert output.count("Connection refused") == 2 and "Network is unreachable" in output, output
+    assert not other.arrivals
+    assert {d["target"] for d in egress_decisions(artifacts) if d["allowed"]} == {
+        f"127.0.0.1:{model_server.port}"
+    }
+
+
+@pytest.mark.parametrize("name", ["codex", "claude"])
+async def test_a_missing_cli_or_key_says_what_to_set(
+    name: str,
+    tmp_path: Path,
+    model_server: ModelServer,
+    make_task: MakeTask,
+    artifacts: Path,
+    beats: Beats,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    task = make_task({"name": name})
+    missing = AGENTS[name](AgentSettings(codex_bin="/nonexistent/codex", claude_bin="/nonexistent/claude"))
+    with pytest.raises(AgentConfigError, match=f"DAEDALUS_AGENT_{name.upper()}_BIN"):
+        await missing.run(task, artifacts=artifacts, heartbeat=beats)
+    keyless = cli_settings(model_server, "k").model_copy(
+        update={"openai_api_key": None, "anthropic_api_key": None}
+    )
+    scratch = tmp_path / "scratch"  # where the egress's sockets would go
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    with pytest.raises(AgentConfigError, match="API key"):
+        await AGENTS[name](keyless).run(task, artifacts=artifacts, heartbeat=beats)
+    assert not list(scratch.iterdir()), "a refused start leaves no egress behind"
+    assert not (artifacts / RUNNING_FILE).exists()

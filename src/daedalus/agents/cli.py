@@ -1,5 +1,9 @@
 """Coding agents that are programs (Codex CLI, Claude Code): spawn, stream JSONL, supervise, attach again.
 
+The real binaries run inside the agent's sandbox, each with a home directory of its own under the attempt's
+artifacts (its config, written here by Daedalus, its sessions and caches). Their only way out is their model
+endpoint (`daedalus.egress`): the sandbox has no network of its own.
+
 The agent's stdout goes straight to `events.jsonl` in the attempt's artifact dir and is tailed from there, so
 a retried activity (a new worker, or the same one after a timeout) can attach to a still-running agent and
 read its whole event stream instead of starting a second one.
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -35,6 +40,8 @@ from daedalus.agents.prompt import build_prompt, claimed_success, reported_traps
 from daedalus.agents.settings import AgentSettings
 from daedalus.agents.tools import Toolbox
 from daedalus.agents.worktree import objects_dir
+from daedalus.egress import Egress, plan_for
+from daedalus.engines.paths import REPO_ROOT, cache_root
 from daedalus.errors import AgentConfigError, AgentViolation, BudgetExceeded, ForbiddenCommand, PathEscape
 from daedalus.processes import end_step, kill_group, step_token
 from daedalus.sandbox import Sandbox
@@ -42,15 +49,30 @@ from daedalus.schemas.agents import AgentResult, AgentTask, ExitReason
 
 log = structlog.get_logger(__name__)
 POLL_S = 0.05
+EGRESS_LOG = "egress.log"
+EGRESS_FILE = "egress.json"
+HOME_DIR = "home"
+CLIS_LOCK = REPO_ROOT / "tools" / "agent-clis" / "package-lock.json"
+INSTALL_HINT = "run `make agent-clis` (scripts/install_agent_clis.sh)"
+
+
+def installed_clis_dir() -> Path | None:
+    """Where scripts/install_agent_clis.sh puts the CLIs pinned by this checkout's lock file:
+    `<engine cache>/agent-clis/<first 16 hex digits of the lock's sha256>`. None without the lock file."""
+    if not CLIS_LOCK.is_file():
+        return None
+    digest = hashlib.sha256(CLIS_LOCK.read_bytes()).hexdigest()[:16]
+    return cache_root() / "agent-clis" / digest
 
 
 class EventParser(ABC):
     """Reads one agent's JSONL events into usage, a final message and violations."""
 
-    def __init__(self, task: AgentTask, meter: CostMeter, toolbox: Toolbox):
+    def __init__(self, task: AgentTask, meter: CostMeter, toolbox: Toolbox, home: Path):
         self.task = task
         self.meter = meter
         self.toolbox = toolbox
+        self.home = home
         self.final_text: str | None = None
         self.error: str | None = None
         self.claimed: bool | None = None
@@ -73,6 +95,13 @@ class EventParser(ABC):
 
     @abstractmethod
     def feed(self, event: dict[str, Any]) -> None: ...
+
+    def poll(self) -> None:  # noqa: B027 - optional: only an agent that reports usage off stdout needs it
+        """Read what the agent writes besides its stdout (usage it reports nowhere else); called while it runs."""
+
+    def finish(self) -> str | None:
+        """After the agent ended: why it failed, if its events say so."""
+        return self.error
 
     def check_command(self, command: str) -> None:
         try:
@@ -97,30 +126,94 @@ class CliAgent(ABC):
         self.settings = settings
 
     @abstractmethod
-    def argv(self, task: AgentTask) -> list[str]: ...
+    def configured_binary(self) -> str:
+        """The binary setting: a path, or a name looked up among the installed CLIs, then on PATH."""
 
     @abstractmethod
-    def parser(self, task: AgentTask, meter: CostMeter, toolbox: Toolbox) -> EventParser: ...
+    def args(self, task: AgentTask) -> list[str]:
+        """The command line after the binary."""
+
+    @abstractmethod
+    def endpoint(self) -> str:
+        """The model endpoint's base URL as the host reaches it (the provider's, unless configured)."""
+
+    @abstractmethod
+    def provider_env(self, base_url: str) -> dict[str, str]:
+        """This agent's own endpoint (as the sandbox reaches it) and key, and nothing of any other provider's."""
+
+    @abstractmethod
+    def configure(self, task: AgentTask, home: Path, base_url: str) -> None:
+        """Write the program's own configuration into its home (model, endpoint, approvals left to Daedalus)."""
+
+    @abstractmethod
+    def parser(self, task: AgentTask, meter: CostMeter, toolbox: Toolbox, home: Path) -> EventParser: ...
 
     def model(self, task: AgentTask) -> str | None:
         return task.agent.model
 
-    @abstractmethod
-    def provider_env(self) -> dict[str, str]:
-        """This agent's own endpoint and key, and nothing of any other provider's."""
+    def priced(self) -> bool:
+        """Whether cost may be estimated from the price table (a paid endpoint, not a self-hosted model)."""
+        return True
 
-    def sandbox(self, task: AgentTask, artifacts: Path, binary: Path) -> Sandbox:
-        """The agent's sandbox: its worktree, its own home under the artifacts (sessions, caches), its
-        executable, the network only when it must call its model itself."""
+    def binary(self) -> Path:
+        """The executable to run, or AgentConfigError saying how to install it."""
+        configured = self.configured_binary()
+        setting = f"DAEDALUS_AGENT_{self.name.upper()}_BIN"
+        if "/" in configured:
+            path = Path(configured)
+            if not (path.is_file() and os.access(path, os.X_OK)):
+                raise AgentConfigError(
+                    f"{self.name} executable {configured!r} ({setting}) does not exist or is not executable; "
+                    f"{INSTALL_HINT}, or point {setting} at the program"
+                )
+            return path.absolute()
+        installed = installed_clis_dir()
+        if installed is not None and (installed / ".installed").exists():
+            candidate = installed / "bin" / configured
+            if candidate.exists():
+                return candidate
+        found = shutil.which(configured)
+        if found is None:
+            places = f"{installed / 'bin'} and PATH" if installed is not None else "PATH"
+            raise AgentConfigError(
+                f"{self.name} executable {configured!r} is not installed on this host (looked in {places}); "
+                f"{INSTALL_HINT}, or set {setting} to its path"
+            )
+        return Path(found).absolute()
+
+    def sandbox(
+        self,
+        task: AgentTask,
+        home: Path,
+        binary: Path,
+        egress: Egress | None = None,
+        base_url: str | None = None,
+    ) -> Sandbox:
+        """The agent's sandbox: its worktree, its own home under the artifacts (config, sessions, caches), its
+        program (the whole installation it came from), and no network but its egress to the model."""
         passed = {name: os.environ[name] for name in self.settings.sandbox_pass_env if name in os.environ}
+        program = binary.resolve()
+        installed = installed_clis_dir()
+        where = (
+            [installed] if installed is not None and program.is_relative_to(installed) else [program.parent]
+        )
         return Sandbox.for_worktree(
             Path(task.worktree),
             objects=objects_dir(Path(task.repo)),
-            network=self.settings.sandbox_cli_network,
-            home=artifacts / "home",
-            read_only=[binary, binary.resolve(), *self.settings.sandbox_read_only],
+            network=False,
+            home=home,
+            read_only=[
+                binary,
+                *where,
+                *(egress.read_only if egress else []),
+                *self.settings.sandbox_read_only,
+            ],
             writable=self.settings.sandbox_writable,
-            env={**passed, **self.provider_env()},
+            env={
+                **passed,
+                **(egress.plan.env if egress else {}),
+                **self.provider_env(base_url or self.endpoint()),
+            },
         )
 
     async def run(
@@ -131,26 +224,51 @@ class CliAgent(ABC):
         heartbeat: Heartbeat,
         keep_on_cancel: Callable[[], bool] = lambda: False,
     ) -> AgentResult:
-        argv = self.argv(task)
-        found = shutil.which(argv[0])
-        if found is None:
-            raise AgentConfigError(
-                f"{self.name} executable {argv[0]!r} not found on this host; install it or set "
-                f"DAEDALUS_AGENT_{self.name.upper()}_BIN to its path"
-            )
-        binary = Path(found).absolute()
-        sandbox = self.sandbox(task, artifacts, binary)
+        binary = self.binary()
+        self.provider_env(self.endpoint())  # no key: say so before anything is made
+        home = artifacts / HOME_DIR
+        home.mkdir(parents=True, exist_ok=True)
+        egress = (
+            Egress.create(plan_for(self.endpoint()), artifacts / EGRESS_LOG)
+            if self.settings.sandbox_cli_network
+            else None
+        )
         token = step_token()
         started = time.time()
-        with (artifacts / EVENTS_FILE).open("ab") as out, (artifacts / STDERR_FILE).open("ab") as err:
-            process = await asyncio.create_subprocess_exec(
-                *sandbox.argv([str(binary), *argv[1:]]),
-                env=sandbox.environment(token),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-            )
+        try:
+            base_url = egress.plan.base_url if egress is not None else self.endpoint()
+            if egress is not None:
+                (artifacts / EGRESS_FILE).write_text(
+                    json.dumps(
+                        {
+                            "directory": str(egress.directory),
+                            "endpoint": self.endpoint(),
+                            "base_url": base_url,
+                            "routes": [
+                                str(r.upstream or ", ".join(map(str, r.allowed))) for r in egress.plan.routes
+                            ],
+                        }
+                    )
+                )
+            self.configure(task, home, base_url)
+            sandbox = self.sandbox(task, home, binary, egress, base_url)
+            inner = [str(binary), *self.args(task)]
+            command = sandbox.argv(egress.inner(inner) if egress else inner)
+            if egress is not None:
+                command = egress.outer(command)
+            with (artifacts / EVENTS_FILE).open("ab") as out, (artifacts / STDERR_FILE).open("ab") as err:
+                process = await asyncio.create_subprocess_exec(
+                    *command,
+                    env=sandbox.environment(token),
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                )
+        except BaseException:
+            if egress is not None:
+                egress.remove()  # nothing was started: its gateway never will remove it
+            raise
         record = RunningRecord.of(process.pid, kind="process", agent=self.name, token=token)
         record.write(artifacts / RUNNING_FILE)
         log.info(
@@ -218,7 +336,10 @@ class CliAgent(ABC):
         attached: bool = False,
     ) -> AgentResult:
         meter = CostMeter(
-            model=self.model(task), budget_usd=task.agent.budget_usd, path=artifacts / USAGE_FILE
+            model=self.model(task),
+            budget_usd=task.agent.budget_usd,
+            path=artifacts / USAGE_FILE,
+            priced=self.priced(),
         )
         # The parser's checks turn what the sandbox already contains into a clear FORBIDDEN result.
         toolbox = Toolbox(
@@ -226,7 +347,7 @@ class CliAgent(ABC):
             deny=self.settings.deny_commands,
             sandbox=Sandbox.for_worktree(Path(task.worktree), objects=objects_dir(Path(task.repo))),
         )
-        parser = self.parser(task, meter, toolbox)
+        parser = self.parser(task, meter, toolbox, artifacts / HOME_DIR)
         beat = Throttle(heartbeat)
         stopped: ExitReason | None = None
         detail = ""
@@ -248,6 +369,7 @@ class CliAgent(ABC):
                 if final and buffer:
                     parser.feed_line(buffer)
                     buffer = b""
+                parser.poll()
 
             try:
                 while True:
@@ -278,14 +400,14 @@ class CliAgent(ABC):
                 if keep_on_cancel():
                     log.info("activity attempt ended; agent left running for the retry", pid=record.pid)
                     raise
-                await asyncio.to_thread(self._end, record)
+                await asyncio.to_thread(self._end, record, artifacts)
                 raise
             if stopped is not None:
                 await asyncio.to_thread(kill_group, record.pid)
             returncode = await reap()
             # The agent is done: nothing it started may outlive it (its sandbox's pid namespace already
             # took them; the token catches anything that was not in it).
-            await asyncio.to_thread(self._end, record)
+            await asyncio.to_thread(self._end, record, artifacts)
             with contextlib.suppress(BudgetExceeded, AgentViolation):
                 drain(final=True)  # what the agent wrote before it went: usage is kept even when aborted
         (artifacts / RUNNING_FILE).unlink(missing_ok=True)
@@ -305,17 +427,23 @@ class CliAgent(ABC):
         )
 
     @staticmethod
-    def _end(record: RunningRecord) -> None:
+    def _end(record: RunningRecord, artifacts: Path) -> None:
         if record.token:
             end_step(record.pid, record.token)
         else:
             kill_group(record.pid)
+        # The gateway removes its sockets when it ends; one killed outright leaves them behind.
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            directory = Path(json.loads((artifacts / EGRESS_FILE).read_text())["directory"])
+            if directory.name.startswith("daedalus-egress-"):
+                shutil.rmtree(directory, ignore_errors=True)
 
     def outcome(
         self, parser: EventParser, returncode: int, artifacts: Path, *, attached: bool
     ) -> tuple[ExitReason, str]:
-        if parser.error:
-            return ExitReason.FAILED, f"{self.name} reported an error: {parser.error}"
+        error = parser.finish()
+        if error:
+            return ExitReason.FAILED, f"{self.name} reported an error: {error}"
         if returncode not in (0, -1):
             tail = (artifacts / STDERR_FILE).read_bytes()[-600:].decode(errors="replace").strip()
             return ExitReason.FAILED, f"{self.name} exited {returncode}: {tail or 'no stderr'}"

@@ -1,4 +1,4 @@
-"""Where the agents live: binaries, endpoints and keys, from DAEDALUS_AGENT_* (tests point these at fakes)."""
+"""Where the agents live: binaries, endpoints and keys, from DAEDALUS_AGENT_*."""
 
 from __future__ import annotations
 
@@ -25,16 +25,21 @@ class AgentSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    codex_bin: str = "codex"
+    codex_bin: str = Field(
+        default="codex",
+        description="the Codex CLI: a path, or a name looked up among the CLIs `make agent-clis` installed "
+        "(<cache>/agent-clis/<lock hash>/bin), then on PATH",
+    )
     codex_args: list[str] = Field(
-        default_factory=lambda: ["--sandbox", "workspace-write", "--skip-git-repo-check"],
-        description="extra flags for `codex exec`, before the prompt",
+        default_factory=lambda: ["--skip-git-repo-check"],
+        description="extra flags for `codex exec`, before the prompt (approvals and Codex's own sandbox are "
+        "set in the config Daedalus writes: Daedalus's sandbox confines it)",
     )
-    claude_bin: str = "claude"
-    claude_args: list[str] = Field(
-        default_factory=lambda: ["--permission-mode", "acceptEdits"],
-        description="extra flags for `claude -p`",
+    claude_bin: str = Field(
+        default="claude",
+        description="Claude Code: a path, or a name looked up like codex_bin",
     )
+    claude_args: list[str] = Field(default_factory=list, description="extra flags for `claude -p`")
     claude_budget_flag: bool = Field(default=True, description="pass --max-budget-usd to claude as well")
     openai_base_url: str | None = None
     openai_api_key: SecretStr | None = None
@@ -45,6 +50,11 @@ class AgentSettings(BaseModel):
     anthropic_base_url: str | None = None
     anthropic_api_key: SecretStr | None = None
     anthropic_model: str = "claude-sonnet-4-5"
+    anthropic_priced: bool | None = Field(
+        default=None,
+        description="count Claude Code's own cost (and estimate one from the price table); None = only for "
+        "api.anthropic.com",
+    )
     request_timeout_s: float = Field(default=120.0, gt=0)
     max_retries: int = Field(default=3, ge=0, description="SDK retries on 429/5xx/timeouts, with backoff")
     max_tokens: int = Field(default=8192, gt=0)
@@ -68,8 +78,9 @@ class AgentSettings(BaseModel):
     )
     sandbox_cli_network: bool = Field(
         default=True,
-        description="give codex/claude the host's network (they call their model endpoint themselves); "
-        "tool-loop shells and scripted commands never get it",
+        description="let codex/claude reach their model endpoint, and nothing else (daedalus.egress: the "
+        "sandbox keeps no network of its own; a gateway admits only the endpoint); false: no way out at all. "
+        "Tool-loop shells and scripted commands never get it",
     )
 
     @field_validator("sandbox_pass_env")

@@ -12,6 +12,7 @@ import asyncio
 import shutil
 import subprocess
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -19,16 +20,17 @@ import typer
 from sqlalchemy import Engine
 
 from daedalus import services as tickets
+from daedalus.agents.local_model import local_model
 from daedalus.cli import _common
 from daedalus.cli._common import console, fail, run
 from daedalus.cli.tickets import print_audit, print_state
 from daedalus.config import Settings
 from daedalus.decisions.policy import Policy, load_policy
-from daedalus.errors import DevServerError, EngineError, SetupError, TicketError
+from daedalus.errors import AgentConfigError, DevServerError, EngineError, SetupError, TicketError
 from daedalus.escaping import for_terminal as shown
 from daedalus.hosts.registry import load_registry
 from daedalus.ports import port_is_open
-from daedalus.schemas.ticket import Decision, DecisionKind, TicketSpec, TicketState
+from daedalus.schemas.ticket import AgentName, Decision, DecisionKind, TicketSpec, TicketState
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 
@@ -42,6 +44,14 @@ FILER = "demo"
 """Files the demo ticket: a filer who operates no host, so its dispatch waits for the lead's approval."""
 
 
+class DemoAgent(StrEnum):
+    """Who works the demo ticket (`--agent`)."""
+
+    CODEX = "codex"
+    CLAUDE = "claude"
+    SCRIPTED = "scripted"
+
+
 def demo(
     ticket: Annotated[Path, typer.Option("-f", "--file", help="the ticket to run")] = DEMO_TICKET,
     wait_for_wayne: Annotated[
@@ -52,6 +62,14 @@ def demo(
             help="seconds to wait for wayne's answer when the ticket escalates, then stop (it stays open)",
         ),
     ] = 600,
+    agent: Annotated[
+        DemoAgent | None,
+        typer.Option(
+            "--agent",
+            help="who works the ticket: its spec's agent (the scripted one) unless given; codex or claude run "
+            "the real CLI (`make agent-clis`), against the local scripted model when no API key is set",
+        ),
+    ] = None,
 ) -> None:
     """Run the local example ticket through dispatch, build, gates and close; print its audit trail."""
     from daedalus.engines.measure import ensure_build  # the engine stack loads only when a command needs it
@@ -79,12 +97,26 @@ def demo(
         f"   llama-server at {build.bin_dir}; models: {ensure_model('small').name}, {ensure_model('medium').name}"
     )
     spec = _with_demo_repo(spec, settings)
+    if agent is not None and spec.agent is not None:
+        spec = spec.model_copy(
+            update={"agent": spec.agent.model_copy(update={"name": AgentName(agent.value)})}
+        )
+    who = spec.agent.name.value if spec.agent else "no"
     console.print(
-        f"2. the serving-config repo the scripted agent will patch: {spec.engine.repo if spec.engine else '-'}"
+        f"2. the serving-config repo the {who} agent will change: {spec.engine.repo if spec.engine else '-'}"
     )
     embedded = not port_is_open(settings.temporal.port) and settings.temporal.address is None
     try:
-        state = run(_drive(spec, settings, embedded, policy, policy_file, wait_for_wayne))
+        with local_model(spec, settings.agent) as agent_settings:
+            if agent_settings is not settings.agent:
+                console.print(
+                    f"   no API key for {who}: the real CLI's model is the local scripted model at "
+                    f"{agent_settings.anthropic_base_url} (it writes what the ticket's patch changes)"
+                )
+            settings = settings.model_copy(update={"agent": agent_settings})
+            state = run(_drive(spec, settings, embedded, policy, policy_file, wait_for_wayne))
+    except AgentConfigError as error:
+        fail(str(error))
     except DevServerError as error:
         fail(str(error))
     except StillWaiting as waiting:
