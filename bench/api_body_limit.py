@@ -11,7 +11,6 @@ Run: .venv/bin/python bench/api_body_limit.py [--mb 200] [--runs 3]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -34,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 from daedalus.ports import free_port, wait_until_open  # noqa: E402
 from daedalus.store import tokens as api_tokens  # noqa: E402
 from daedalus.store.database import make_engine, migrate  # noqa: E402
+from record import Recording  # noqa: E402
 
 MiB = 1024 * 1024
 GOOD_TOKEN = "dtk_000000a0_" + "g" * 43
@@ -80,6 +80,7 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=200)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
+    recording = Recording.start()
     port = free_port()
     with tempfile.TemporaryDirectory() as home:
         env = {
@@ -128,10 +129,7 @@ def main() -> None:
             f"{row['max_peak_extra_mib']:.1f}", str(len(row["runs"])),
         )  # fmt: skip
     Console().print(table)
-    results = ROOT / "bench" / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    out = {"mb": args.mb, "rows": rows}
-    (results / "api_body_limit.json").write_text(json.dumps(out, indent=2))
+    recording.write({"mb": args.mb, "rows": rows}, ROOT / "bench" / "results" / "api_body_limit.json")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ Run: .venv/bin/python bench/audit_write.py [--tickets 100] [--events 5]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -27,10 +26,12 @@ from sqlalchemy import event
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from daedalus.gates.statistics import quantile_interval  # noqa: E402
 from daedalus.schemas.audit import AuditEvent, AuditKind, AuditRecord, TicketSnapshot  # noqa: E402
 from daedalus.store.database import make_engine, migrate, session_scope  # noqa: E402
 from daedalus.store.records import apply  # noqa: E402
 from daedalus.store.seals import AuditKey  # noqa: E402
+from record import Recording  # noqa: E402
 
 KEY = AuditKey(os.urandom(32))
 
@@ -95,6 +96,11 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         took = sorted(writes_ms(synchronous, args.tickets, args.events))
         result[f"write_p50_ms_{synchronous}"] = round(statistics.median(took), 2)
         result[f"write_p99_ms_{synchronous}"] = round(took[round(0.99 * (len(took) - 1))], 2)
+        low, high = quantile_interval(took, 0.99)
+        result[f"write_p99_interval_ms_{synchronous}"] = [
+            round(low, 2) if low is not None else None,
+            round(high, 2) if high is not None else None,
+        ]
     result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return result
 
@@ -121,8 +127,7 @@ if __name__ == "__main__":
     parser.add_argument("--tickets", type=int, default=100)
     parser.add_argument("--events", type=int, default=5, help="events per ticket")
     arguments = parser.parse_args()
+    recording = Recording.start()
     outcome = main(arguments)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(outcome, indent=2) + "\n")
+    recording.write(outcome, RESULTS)
     show(outcome)
-    print(f"wrote {RESULTS.relative_to(ROOT)}")

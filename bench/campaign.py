@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import tempfile
@@ -45,6 +44,7 @@ from daedalus.store.database import make_engine, migrate, session_scope
 from daedalus.store.seals import AuditKey
 from daedalus.worker import WorkerConfig, build_workers
 from daedalus.workflows.campaign import CampaignWorkflow
+from record import Recording
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "campaign.json"
@@ -144,7 +144,7 @@ async def run(spec_path: Path) -> dict[str, object]:
             }
             for c in cells
         ],
-        "machine": "shared 2-core CPU, llama.cpp CPU build, tiny random-weight model",
+        "engine": "llama.cpp CPU build, tiny random-weight model",
     }
 
 
@@ -157,9 +157,9 @@ def main() -> None:
     paths.configure(
         Settings.load().engines
     )  # the engine cache, from DAEDALUS_ENGINES_CACHE_DIR / DAEDALUS_CACHE_DIR
+    recording = Recording.start()
     result = asyncio.run(run(args.file))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2))
+    recording.write(result, RESULTS)
     table = Table(title=f"campaign {result['campaign']}: {result['cells']} cells in {result['campaign_s']} s")
     for column in (
         "cell",

@@ -82,6 +82,7 @@ from daedalus.store.database import make_engine, migrate, session_scope
 from daedalus.store.tables import TicketRow
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
+from record import Recording
 
 ROOT = Path(__file__).resolve().parents[1]
 EMIT = ROOT / "tests" / "fixtures" / "emit_samples.py"
@@ -675,12 +676,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "chaos.json")
     parser.add_argument("--keep-logs", type=Path, default=None, help="copy the processes' logs here")
     args = parser.parse_args()
+    recording = Recording.start()
     result = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    text_out = json.dumps(result, indent=2) + "\n"
-    args.out.write_text(text_out)
+    recording.write(result, args.out)
     per_store = args.out.with_name(f"{args.out.stem}-{args.store}{args.out.suffix}")
-    per_store.write_text(text_out)
+    per_store.write_text(args.out.read_text())
     table = Table(title=f"chaos on {args.store}: {result['faults']} faults, {result['tickets']} tickets")
     table.add_column("figure")
     table.add_column("value", justify="right")

@@ -9,7 +9,6 @@ Writes bench/results/coverage.json with `nominal` and `worst_coverage_n5_to_30` 
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from rich.table import Table
 
 from daedalus.gates import coverage
 from daedalus.gates.statistics import quantile_ranks
+from record import Recording
 
 NOMINAL = 0.90
 NS = (3, 4, 5, 6, 7, 10, 15, 20, 30)
@@ -30,6 +30,7 @@ OUT = Path(__file__).parent / "results" / "coverage.json"
 
 
 def main() -> dict[str, object]:
+    recording = Recording.start()
     rng = np.random.default_rng(20261130)
     rows: dict[str, dict[int, float | None]] = {}
     for dist in coverage.DISTRIBUTIONS:
@@ -88,8 +89,7 @@ def main() -> dict[str, object]:
     }
     print(f"worst coverage over gate methods, n=5..30: {worst:.4f} ({worst_name} at n={worst_n})")
     figures["p99_interval"] = p99_interval(rng)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(figures, indent=2) + "\n")
+    recording.write(figures, OUT)
     return figures
 
 

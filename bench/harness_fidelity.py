@@ -35,6 +35,7 @@ from daedalus.engines.presets import load_preset
 from daedalus.engines.runner import launched
 from daedalus.engines.tiny_model import ensure_model
 from daedalus.schemas.engines import LlamaCppPreset, Workload
+from record import Recording
 
 MODEL = os.environ.get("HARNESS_MODEL", "medium")  # "tiny" when the host is too loaded for the medium model
 N_GEN = int(os.environ.get("HARNESS_TOKENS", "128"))
@@ -48,6 +49,7 @@ def cv(values: list[float]) -> float:
 
 
 async def main() -> dict[str, float]:
+    recording = Recording.start()
     build = await ensure_build()
     model = ensure_model(MODEL)
     preset = load_preset("local-f16")
@@ -125,12 +127,11 @@ async def main() -> dict[str, float]:
     for key, (value, label) in figures.items():
         table.add_row(key, f"{value:.4f}", label)
     Console(width=180).print(table)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
     values = {key: value for key, (value, _) in figures.items()}
     raw = {"drop_first_server_tps": r.decode_tps, "naive_server_tps": naive, "client_over_server": ratios,
            "model": MODEL, "tokens": N_GEN}  # fmt: skip
     labels = {k: label for k, (_, label) in figures.items()}
-    OUT.write_text(json.dumps({**values, "labels": labels, "raw": raw}, indent=2) + "\n")
+    recording.write({**values, "labels": labels, "raw": raw}, OUT)
     return values
 
 

@@ -39,7 +39,6 @@ import dataclasses
 import gc
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -115,6 +114,7 @@ except ImportError:  # a checkout from before it: Temporal's own runner
 
 from daedalus.workflows.ticket import TicketWorkflow  # noqa: E402
 from daedalus.workflows.trail import AUDIT_LOCAL_ACTIVITY  # noqa: E402
+from record import Recording  # noqa: E402
 
 HOST = "bench"
 CONTROL = "bench-control"
@@ -746,7 +746,6 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "workflow_cache": args.workflow_cache or "temporalio's default (1000)",
         "daedalus_source": str(Path(daedalus.__file__).parents[2]),
         "temporal_store": "dev server, in memory" if args.in_memory else "dev server on a SQLite file",
-        "machine": f"{platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}",
     }
 
 
@@ -904,8 +903,7 @@ if __name__ == "__main__":
             )
         )
         raise SystemExit(0)
+    recording = Recording.start()
     outcome = asyncio.run(main(arguments))
-    arguments.results.parent.mkdir(parents=True, exist_ok=True)
-    arguments.results.write_text(json.dumps(outcome, indent=2) + "\n")
+    recording.write(outcome, arguments.results)
     show(outcome, arguments.parked)
-    print(f"wrote {arguments.results}")

@@ -59,6 +59,7 @@ from daedalus.ports import free_port
 from daedalus.store import tokens as api_tokens
 from daedalus.store.database import make_engine, migrate
 from daedalus.workflows.leased_step import LeasedStepWorkflow
+from record import Recording
 
 ROOT = Path(__file__).resolve().parents[1]
 RENDER_QUEUE = ROOT / "tests" / "fixtures" / "render_queue.py"
@@ -447,6 +448,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer steps (the test runs this)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "pool.json")
     args = parser.parse_args()
+    recording = Recording.start()
     with tempfile.TemporaryDirectory(prefix="daedalus-pool-") as tmp, Pool(Path(tmp)).running() as pool:
         try:
             result = asyncio.run(scenario(pool, args.quick))
@@ -454,8 +456,7 @@ def main() -> None:
             with contextlib.suppress(OSError, ValueError):
                 pid = int((Path(tmp) / "render-queue.pid").read_text())
                 os.kill(pid, signal.SIGKILL)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    recording.write(result, args.out)
     table = Table(title="GPU pool: 3 hosts, 6 processes, contending leases")
     table.add_column("figure")
     table.add_column("value", justify="right")
@@ -463,7 +464,6 @@ def main() -> None:
         if key not in ("processes", "revoked_by_tenant", "lost", "refused"):
             table.add_row(key, str(value))
     Console().print(table)
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from tests.support import make_engine_repo  # noqa: E402
 from daedalus.agents import worktree as wt  # noqa: E402
 from daedalus.agents.settings import DEFAULT_DENY  # noqa: E402
 from daedalus.agents.tools import Toolbox  # noqa: E402
+from record import Recording  # noqa: E402
 
 
 def p90(values: list[float]) -> float:
@@ -64,6 +64,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=40)
     args = parser.parse_args()
+    recording = Recording.start()
     samples = asyncio.run(measure(args.rounds))
     base = statistics.median(samples["host sh -c true"])
     table = Table(title=f"sandbox cost per tool call ({args.rounds} interleaved rounds)")
@@ -75,10 +76,7 @@ def main() -> None:
         results[name] = {"median_ms": median * 1e3, "p90_ms": p90(values) * 1e3, "ratio": median / base}
         table.add_row(name, f"{median * 1e3:.1f}", f"{p90(values) * 1e3:.1f}", f"{median / base:.1f}x")
     Console().print(table)
-    out = ROOT / "bench" / "results" / "sandbox.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rounds": args.rounds, "results": results}, indent=2))
-    print(f"wrote {out}")
+    recording.write({"rounds": args.rounds, "results": results}, ROOT / "bench" / "results" / "sandbox.json")
 
 
 if __name__ == "__main__":
