@@ -1,15 +1,21 @@
-"""LeaseKeeperWorkflow replays its stored history: a change that breaks determinism for the running keepers (they
-live for ever) fails here. Re-record only for a change meant to be incompatible (and patch the workflow):
+"""LeaseKeeperWorkflow replays every history it ever stored: a change that breaks determinism for the running
+keepers (they live for ever) fails here. Histories are never re-recorded to pass: each is named by the commit
+that recorded it (`lease-keeper-<commit>.json`, restored from git for the ones that were overwritten), and a
+behaviour change is guarded by `workflow.patched`. A new history is added with
 
     DAEDALUS_RECORD_HISTORIES=1 .venv/bin/pytest tests/hosts/test_keeper_replay.py -k record
+
+which writes `lease-keeper-<HEAD>.json` (commit it beside the others).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 from pathlib import Path
 
+import pytest
 from temporalio.client import Client, WorkflowHistory
 from temporalio.worker import Replayer
 
@@ -23,16 +29,22 @@ from tests.hosts.test_tenants import render_queue, tenant_started, wait_running
 from tests.replay_split import replay_split_too
 
 HISTORIES = Path(__file__).parent / "histories"
-STORED = HISTORIES / "lease-keeper.json"
+STORED = sorted(HISTORIES.glob("lease-keeper-*.json"))
 
 
 def replayer() -> Replayer:
     return Replayer(workflows=[LeaseKeeperWorkflow], data_converter=DATA_CONVERTER)
 
 
-async def test_stored_history_replays() -> None:
-    history = WorkflowHistory.from_json("lease-keeper-stored", STORED.read_text())
+@pytest.mark.parametrize("stored", STORED, ids=[path.stem for path in STORED])
+async def test_stored_history_replays(stored: Path) -> None:
+    history = WorkflowHistory.from_json(stored.stem, stored.read_text())
     await replay_split_too(replayer(), history)
+
+
+def test_the_histories_of_every_recording_commit_are_kept() -> None:
+    commits = {path.stem.removeprefix("lease-keeper-") for path in STORED}
+    assert {"68922a1", "551e656", "381dc57", "6ad1f4b"} <= commits, commits
 
 
 async def test_record_a_keepers_life(temporal_client: Client, tmp_path: Path) -> None:
@@ -68,5 +80,7 @@ async def test_record_a_keepers_life(temporal_client: Client, tmp_path: Path) ->
             history = await handle.fetch_history()
     await replay_split_too(replayer(), history)
     if os.environ.get("DAEDALUS_RECORD_HISTORIES"):
-        HISTORIES.mkdir(exist_ok=True)
-        STORED.write_text(history.to_json())
+        head = subprocess.run(
+            ["git", "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True, check=True
+        )
+        (HISTORIES / f"lease-keeper-{head.stdout.strip()}.json").write_text(history.to_json())

@@ -52,6 +52,10 @@ MAX_PARKED = 4
 """Acquire calls allowed to wait inside the workflow at once; the others answer WAITING at once and the caller
 asks again. Temporal refuses more than 10 in-flight updates per workflow (history.maxInFlightUpdates), and
 heartbeats and releases need room too."""
+UNCONFIRMED_GRANT_GRACE = "unconfirmed-grant-grace"
+"""Patch: a grant lives at least a minute until its holder's first keepalive (`Lease.live_s`), then its ttl.
+Keepers recorded before it (tests/hosts/histories/lease-keeper-{68922a1,551e656,381dc57}.json) expire every
+lease after its ttl; the change shipped unguarded in 6ad1f4b, which is why those histories failed replay."""
 KEPT_EVENTS = 200
 KEPT_REFUSALS = 200
 
@@ -74,9 +78,12 @@ class LeaseKeeperWorkflow:
         self._next_poll: datetime | None = None
         self._polling = False
         self._parked = 0
+        self._grant_grace = True
+        """Whether grants wait for their first keepalive (UNCONFIRMED_GRANT_GRACE), decided when `run` starts."""
 
     @workflow.run
     async def run(self, input: KeeperInput) -> None:
+        self._grant_grace = workflow.patched(UNCONFIRMED_GRANT_GRACE)  # first thing: nothing awaited yet
         while True:
             deadline = self._next_deadline(workflow.now())
             with contextlib.suppress(TimeoutError):
@@ -291,7 +298,7 @@ class LeaseKeeperWorkflow:
 
     def _expire(self, now: datetime) -> None:
         for lease in list(self._state.held):
-            if now >= lease.last_heartbeat + timedelta(seconds=lease.live_s):
+            if now >= lease.last_heartbeat + timedelta(seconds=self._live_s(lease)):
                 self._state.held.remove(lease)
                 self._state.counters.expired += 1
                 self._event(
@@ -299,7 +306,7 @@ class LeaseKeeperWorkflow:
                     KeeperEventKind.EXPIRED,
                     lease.lease_id,
                     lease.gpus,
-                    f"{lease.holder}: no heartbeat for {lease.live_s:g}s",
+                    f"{lease.holder}: no heartbeat for {self._live_s(lease):g}s",
                 )
         for waiting in list(self._state.waiting):
             request = waiting.request
@@ -330,8 +337,11 @@ class LeaseKeeperWorkflow:
         self._event(now, KeeperEventKind.REFUSED, lease_id, detail=reason)
         self._changed = True
 
+    def _live_s(self, lease: Lease) -> float:
+        return lease.live_s if self._grant_grace else lease.ttl_s
+
     def _next_deadline(self, now: datetime) -> timedelta | None:
-        times = [lease.last_heartbeat + timedelta(seconds=lease.live_s) for lease in self._state.held]
+        times = [lease.last_heartbeat + timedelta(seconds=self._live_s(lease)) for lease in self._state.held]
         for waiting in self._state.waiting:
             times.append(waiting.last_heartbeat + timedelta(seconds=waiting_ttl_s(waiting.request)))
             if waiting.request.wait_timeout_s is not None:
