@@ -108,7 +108,9 @@ def tiny_llama(vllm_environment: VllmEnvironment) -> Path:
     return ensure_hf_model("tiny-llama", environment=vllm_environment)
 
 
-@pytest.fixture(scope="session")
+# Module scope: the servers serve every test here and are gone when the module ends, not idle beside the rest
+# of the session (each holds ~2 GB).
+@pytest.fixture(scope="module")
 async def vllm_servers(
     tmp_path_factory: pytest.TempPathFactory, tiny_llama: Path
 ) -> AsyncIterator[VllmServers]:

@@ -71,6 +71,17 @@ class Server:
                     )
                 await asyncio.sleep(0.1)
 
+    async def healthy(self, timeout_s: float = 5.0) -> bool:
+        """One health check: the process is up and its health endpoint answers 200."""
+        if self.process.returncode() is not None:
+            return False
+        try:
+            async with httpx.AsyncClient(timeout=timeout_s) as client:
+                response = await client.get(self.base_url + self.adapter.health_path)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
     def endpoint(self, timeout_s: float = 120.0) -> OpenAIEndpoint:
         """The server's OpenAI-compatible API, with what this engine needs in every request body."""
         if self._endpoint is None or self._endpoint.timeout_s != timeout_s:

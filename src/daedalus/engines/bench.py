@@ -221,11 +221,18 @@ async def _measure_round(
 async def _settle(side: Side, invalid: list[str]) -> None:
     """At the end of a residency: record a death, and add the counters' deltas since it started."""
     code = side.server.process.returncode()
-    if code is None and any(not q.ok for r in side.rounds for q in r.requests):
+    failed = any(not q.ok for r in side.rounds for q in r.requests)
+    if code is None and failed:
         # Requests failed: if the server is dying, say so rather than only "failed requests".
         code = await asyncio.to_thread(side.server.process.exit_code_within, 2.0)
+    reason = None
     if code is not None:
         reason = f"{side.name}: the server died (exit code {code}); log kept at {side.server.log_path}"
+    elif failed and not await side.server.healthy():
+        # vLLM's API process outlives its engine core by seconds on a busy host; its /health answers 503.
+        reason = (f"{side.name}: the server died (its engine stopped: health check fails while the process "
+                  f"winds down); log kept at {side.server.log_path}")  # fmt: skip
+    if reason is not None:
         if not any(reason in r for r in invalid):
             invalid.append(reason)
         return
