@@ -113,6 +113,8 @@ class Pool:
             "DAEDALUS_HOME": str(tmp / "home"),
             "DAEDALUS_HOSTS_FILE": str(tmp / "hosts.yaml"),
             "DAEDALUS_CONTROL_QUEUE": CONTROL_QUEUE,
+            # the tickets' gates run confined: they may read (not write) the bench's GPU job
+            "DAEDALUS_STEPS_READ_ONLY": json.dumps([str(ROOT / "bench")]),
         }
         store = make_engine(f"sqlite:///{tmp / 'home' / 'daedalus.db'}")
         migrate(store)
@@ -294,24 +296,39 @@ def recovered(state: KeeperState) -> int:
 TICKET_HOSTS = ["pool-a", "pool-b"]
 
 
-def ticket_body(host: str, ledger: Path) -> dict[str, Any]:
-    """An agent-less ticket whose one gate runs a GPU job (logged in the ledger) and prints its measurement."""
-    samples = [60.0 + (i % 3) * 0.1 for i in range(10)]
-    measurement = json.dumps({"samples": samples, "unit": "tok/s"})
-    command = f"{sys.executable} {GPU_JOB} --seconds 0.3 --ledger {ledger} && echo '{measurement}'"
+GATE_LEDGER = "gpu-jobs.jsonl"
+"""A ticket's gate runs confined: it logs its job in its own checkout, gathered from there after the run."""
+
+
+def ticket_body(host: str) -> dict[str, Any]:
+    """An agent-less ticket whose one gate runs a GPU job under its lease and judges the work the job measured
+    (its loops per second in 7 slices; the GPUs are simulated, the work is a CPU loop): it passes when the job
+    really ran its time under the lease, and is INVALID when it did not."""
+    command = f"{sys.executable} {GPU_JOB} --seconds 0.35 --ledger {GATE_LEDGER} --measure"
     return {
         "id": f"pool-{host}-{uuid.uuid4().hex[:6]}",
-        "title": f"decode on {host} measured under a lease",
+        "title": f"a job on {host} measured under a lease",
         "host": host,
-        "gates": [{"name": "decode", "metric": "decode_tps", "threshold": 55, "command": command}],
+        "gates": [{"name": "job", "metric": "decode_tps", "threshold": 1, "command": command}],
     }
 
 
-async def file_tickets(api: httpx.AsyncClient, headers: dict[str, str], ledger: Path) -> list[str]:
+def gather_gate_ledgers(tmp: Path, ledger: Path) -> int:
+    """The tickets' gates' job logs, from their checkouts, into the pool's ledger; how many jobs started."""
+    started = 0
+    with ledger.open("a") as out:
+        for found in sorted(tmp.rglob(GATE_LEDGER)):
+            text = found.read_text()
+            started += sum(json.loads(line)["event"] == "start" for line in text.splitlines())
+            out.write(text)
+    return started
+
+
+async def file_tickets(api: httpx.AsyncClient, headers: dict[str, str]) -> list[str]:
     filed = []
     for host in TICKET_HOSTS:
         for _ in range(2):
-            body = ticket_body(host, ledger)
+            body = ticket_body(host)
             response = await api.post("/tickets", json=body, headers=headers)
             response.raise_for_status()
             filed.append(body["id"])
@@ -361,7 +378,7 @@ async def scenario(pool: Pool, quick: bool) -> dict[str, Any]:
         return any(lease.lease_id == victim and lease.confirmed for lease in state.held)
 
     await wait_for("the victim's first keepalive", victim_confirmed, 60)
-    tickets = await file_tickets(api, headers, ledger)
+    tickets = await file_tickets(api, headers)
     pool.kill("worker-pool-a")
     killed_at = datetime.now().astimezone()
     for i in range(gates):  # tickets' gates, one GPU each, some by index, some "any one"
@@ -399,6 +416,7 @@ async def scenario(pool: Pool, quick: bool) -> dict[str, Any]:
 
     states = {host: await holder.keeper_state(client, host) for host in HOSTS}
     states["pool-a"] = await wait_for("pool-a to settle", settled, 120)
+    gate_jobs = gather_gate_ledgers(pool.tmp, ledger)
     overlap, jobs = overlaps(ledger, steps.host_of)
     hand, wait = handoffs(runs, states)
     tenant = states["pool-a"].counters
@@ -425,6 +443,7 @@ async def scenario(pool: Pool, quick: bool) -> dict[str, Any]:
         "ticket_gates_under_lease": sum(1 for v in verdicts if v["lease"]),
         "tickets_passed": ticket_statuses.count("passed"),
         "tickets_filed": len(tickets),
+        "gate_jobs_logged": gate_jobs,
         "hosts": len(HOSTS),
         "processes": ["temporal", *sorted(pool.processes), "worker-pool-a (SIGKILLed)"],
         "worker_killed_at": killed_at.isoformat(),

@@ -38,3 +38,7 @@ def test_the_pool_under_contention_and_a_killed_worker(tmp_path: Path) -> None:
     assert result["steps_run"] == result["steps_submitted"] - 1
     assert result["jobs_logged"] >= result["steps_submitted"]
     assert 0 < result["lease_grant_p50_ms"] <= result["lease_grant_p99_ms"]
+    # The tickets' gates ran confined, under a lease, and judged the work their job measured.
+    assert result["tickets_filed"] >= 2 and result["tickets_passed"] == result["tickets_filed"], result
+    assert result["ticket_gates_under_lease"] == result["ticket_gates_run"] >= result["tickets_filed"]
+    assert result["gate_jobs_logged"] >= result["tickets_filed"], "the gates' own job logs were gathered"
