@@ -299,7 +299,7 @@ async def test_refused_decisions_write_nothing(
         )
         assert answer.status_code == 200 and answer.json() == {
             "ticket_id": spec.id,
-            "kind": "dispatch",
+            "kind": "escalation",  # the default: what a run-time delegation can always be honoured for
             "delegates": ["lead"],
         }
         answer = await api.post(

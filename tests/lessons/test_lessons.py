@@ -22,6 +22,8 @@ from daedalus.schemas.lessons import (
     LessonQuery,
     SubjectKind,
     decision_note_lesson,
+    failure_lessons,
+    marked_note_lessons,
     outcome_lessons,
     trap_lessons,
 )
@@ -135,6 +137,34 @@ def test_helpers_turn_outcomes_traps_and_notes_into_lessons() -> None:
     assert note.kind is LessonKind.DECISION_NOTE and note.text == "wayne chose tbq on 'Which KV?': always TBQ"
     with pytest.raises(ValidationError, match="blank"):
         lesson("   \n ")
+
+
+def test_only_what_teaches_becomes_a_lesson() -> None:
+    """A failure with its cause and a note the decider marked; not a pass, a cancellation or an unmarked note."""
+    common = {"ticket_id": "6", "title": "TP4/MTP", "engine": "vllm", "host": "mavis", "at": T0}
+    cause = ["gate temp-0 FAIL on attempt 2: first divergence at token 17, logprob gap 0.9 >= 0.25"]
+    for status in ("passed", "cancelled", "terminated"):
+        assert failure_lessons(status=status, causes=cause, **common) == [], status
+    assert failure_lessons(status="failed", causes=[" "], **common) == [], "a failure with no cause on record"
+    [failed] = failure_lessons(status="stopped_by_rules", causes=cause, **common)
+    assert failed.kind is LessonKind.OUTCOME and failed.text == (
+        "ticket 6 (TP4/MTP) ended stopped by rules; cause: gate temp-0 FAIL on attempt 2: first divergence at "
+        "token 17, logprob gap 0.9 >= 0.25"
+    )
+    note = {
+        "request_id": "6-dispatch-1",
+        "decision_kind": "dispatch",
+        "subject_label": "ticket 6",
+        "decided_by": "wayne",
+        "engine": "vllm",
+        "host": "mavis",
+        "at": T0,
+    }
+    assert marked_note_lessons(note="approved over the API", marked=False, **note) == []
+    assert marked_note_lessons(note="  ", marked=True, **note) == []
+    [marked] = marked_note_lessons(note="KV quantization is always TBQ", marked=True, **note)
+    assert marked.kind is LessonKind.DECISION_NOTE and marked.source == "6-dispatch-1"
+    assert marked.text == "wayne on the dispatch of ticket 6: KV quantization is always TBQ"
 
 
 def test_agent_traps_are_read_from_the_final_message_and_lessons_reach_the_prompt() -> None:

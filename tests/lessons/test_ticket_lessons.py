@@ -1,6 +1,7 @@
-"""Tickets learn on their own: an agent's reported trap, the decider's note and the closed outcome are recorded as
-lessons on the ticket's engine, and the next attempt's prompt carries what the earlier ones recorded. Real dev
-server, real store, the scripted agent in its sandbox; the report lists what was recorded."""
+"""Tickets learn on their own: an agent's reported trap, the note the decider marked as a lesson and a failure with
+its cause are recorded as lessons on the ticket's engine, and the next attempt's prompt carries what the earlier
+ones recorded; an unmarked note and a cancellation teach nothing. Real dev server, real store, the scripted agent
+in its sandbox; the report lists what was recorded."""
 
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ async def test_a_ticket_records_its_trap_note_and_outcome_and_the_retry_reads_th
                 option="fail",
                 decided_by="wayne",
                 note="40 tok/s patches are a dead end",
+                lesson=True,
             ),
         )
         final = await handle.result()
@@ -78,11 +80,39 @@ async def test_a_ticket_records_its_trap_note_and_outcome_and_the_retry_reads_th
     assert recorded[(LessonKind.TRAP.value, spec.id)] == TRAP  # once, though both attempts reported it
     assert sum(row.kind == LessonKind.TRAP.value and row.source == spec.id for row in rows) == 1
     note = recorded[(LessonKind.DECISION_NOTE.value, request.id)]
-    assert note.startswith("wayne chose fail on 'Ticket") and note.endswith(
-        ": 40 tok/s patches are a dead end"
-    )
+    assert note == f"wayne on the escalation of ticket {spec.id}: 40 tok/s patches are a dead end"
     outcome = recorded[(LessonKind.OUTCOME.value, spec.id)]
-    assert outcome.startswith(f"ticket {spec.id} (MTP align tax fix (test)) ended failed: failed by wayne")
-    assert outcome.endswith("gates that failed on the way: decode")
+    assert outcome.startswith(
+        f"ticket {spec.id} (MTP align tax fix (test)) ended failed; cause: gate decode FAIL on attempt 2: median "
+    ) and outcome.endswith("rule decode_tps >= 55 -> FAIL"), outcome
     for text in (TRAP, "40 tok/s patches are a dead end", f"ticket {spec.id} (MTP align tax fix (test))"):
         assert text in report
+
+
+async def test_an_unmarked_note_and_a_cancellation_record_no_lesson(
+    temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
+) -> None:
+    """ "approved over the API" is a decision note, not advice for the next agent; a cancellation is a person's
+    call, not a finding about the engine."""
+    host = host_of(task_queue)
+    spec = ticket_spec(
+        make_engine_repo(tmp_path / "repo"), host, approval={"dispatch_requires_approval": True}
+    )
+    async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
+        handle = await start_ticket(temporal_client, spec, task_queue)
+        state = await wait_for(handle, lambda s: s.pending_decision is not None, timeout=120)
+        assert state.pending_decision is not None
+        await handle.execute_update(
+            TicketWorkflow.decide,
+            Decision(
+                request_id=state.pending_decision.id,
+                option="reject",
+                decided_by="wayne",
+                note="approved over the API",
+            ),
+        )
+        final = await handle.result()
+    assert final.status is TicketStatus.CANCELLED
+    assert final.decisions[0].note == "approved over the API"  # the note stays, as a decision note
+    with session_scope(sqlite_engine) as session:
+        assert [row.text for row in queries.lessons(session=session, engine="toy")] == []

@@ -140,7 +140,7 @@ async def test_the_filer_cannot_approve_their_own_dispatch_nor_can_anyone_acting
         ):
             await daedalus.decide(temporal_client, for_wayne, store=sqlite_engine, policy=policy)
         # Nor may he hand it to someone else: the delegation is refused before anything is written.
-        handover = Delegation(granted_by="wayne", delegate="bob")
+        handover = Delegation(granted_by="wayne", delegate="bob", kind=DecisionKind.DISPATCH)
         with pytest.raises(TicketError, match=r"wayne filed ticket .* cannot delegate it either"):
             await daedalus.delegate(temporal_client, spec.id, handover)
         still = (await daedalus.status(temporal_client, spec.id)).pending_decision

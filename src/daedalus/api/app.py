@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 from temporalio.client import Client
 
 from daedalus.api import audit, decisions, hosts, identity, report, slack_interactions, tickets, training
+from daedalus.api.console import router as console_router
 from daedalus.api.context import ApiContext, ClientFactory
 from daedalus.api.errors import validation_handler
 from daedalus.api.limits import MAX_BODY_BYTES, BodyLimit
@@ -77,6 +78,7 @@ def create_app(
         audit.router,
         report.router,
         slack_interactions.router,
+        console_router,
     ):
         app.include_router(router)
     return app

@@ -44,12 +44,12 @@ async def decide(
             timeout_s,
             decision.request_id,
         )
-        return await within(_after(client, decision, accepted), timeout_s, decision.request_id)
+        return await within(state_after(client, decision, accepted), timeout_s, decision.request_id)
     except TicketError as error:
         raise refusal(error) from error
 
 
-async def _after(
+async def state_after(
     client: Client, decision: Decision, accepted: TicketState | TrainingRunStatus | CampaignStatus
 ) -> TicketState | TrainingRunStatus | CampaignStatus:
     """The state once the decision is applied and recorded.

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
-from daedalus.api.context import Caller, Context
+from daedalus.api.context import ApiContext, Caller, Context
 from daedalus.api.hosts import waiting_lines
 from daedalus.report import build_report, render_html, render_markdown
 from daedalus.report.render import CONTENT_SECURITY_POLICY
@@ -53,6 +53,11 @@ async def report(
     format: Annotated[Literal["html", "md"], Query(description="html (charts inline) or md")] = "html",
 ) -> Response:
     """The progress report as of now: cards, tickets and gates, campaigns, training runs, decisions, lessons."""
+    return await report_response(context, since, format)
+
+
+async def report_response(context: ApiContext, since: str, format: Literal["html", "md"]) -> Response:
+    """The report over the window `since`, as the API and the console serve it (with its own CSP)."""
     start = datetime.now(UTC) - parse_window(since)
 
     def live_tickets() -> list[TicketRow]:

@@ -102,7 +102,7 @@ async def show_ticket(
     live: TicketState | None = None
     missing: TicketError | None = None
     try:
-        live = await _live_state(client, ticket_id, context.settings.update_timeout_s)
+        live = await live_state(client, ticket_id, context.settings.update_timeout_s)
     except TicketError as error:
         missing = error
     projection, verdicts = await asyncio.to_thread(read)
@@ -125,7 +125,7 @@ async def show_ticket(
     )
 
 
-async def _live_state(client: Client, ticket_id: str, timeout_s: float) -> TicketState | None:
+async def live_state(client: Client, ticket_id: str, timeout_s: float) -> TicketState | None:
     """A closed ticket's final state from its history (no worker needed); a running one's from the `state`
     query. None when Temporal cannot answer in time (a running ticket with no worker polling its queue)."""
     handle = client.get_workflow_handle(ticket_workflow_id(ticket_id), result_type=TicketState)
@@ -155,7 +155,9 @@ async def delegate(
     delegation = delegation.model_copy(update={"channel": "api"})
     try:
         people = await within(
-            tickets.delegate(client, ticket_id, delegation), context.settings.update_timeout_s, ticket_id
+            tickets.delegate(client, ticket_id, delegation, policy=context.policy),
+            context.settings.update_timeout_s,
+            ticket_id,
         )
     except TicketError as error:
         raise refusal(error) from error

@@ -30,6 +30,7 @@ from daedalus.decisions.schemas import (
     Decision,
     DecisionKind,
     DecisionRequest,
+    Delegation,
     DispatchRule,
 )
 from daedalus.errors import NotAllowed, PolicyFileError
@@ -151,6 +152,26 @@ class Policy(SpecModel):
                 f"the policy names hosts the host registry does not declare: {unknown}; hosts.yaml declares "
                 f"{hosts.names} (fix the policy's `hosts:`, or add the hosts to hosts.yaml)"
             )
+
+    def delegation_refusal(self, delegation: Delegation) -> str | None:
+        """Why the policy would never honour `delegation` (a delegate it would still refuse), or None. Asked
+        before the delegation is sent, so that nothing is recorded that would not take effect."""
+        delegate = delegation.delegate.lower()
+        if delegation.kind is DecisionKind.DISPATCH:
+            standing = sorted(g.delegate for g in self.delegations if g.kind is DecisionKind.DISPATCH)
+            return (
+                f"under the server's policy a delegation made at run time never lets {delegate} approve a "
+                f"dispatch: what runs on a host is the policy's to say (standing dispatch delegates: "
+                f"{standing or 'none'}); delegate escalations instead (--kind escalation), or ask an "
+                f"administrator for a standing delegation in policy.yaml (delegations: - {{granted_by: "
+                f"{delegation.granted_by}, delegate: {delegate}, kind: dispatch}})"
+            )
+        if delegate not in self.people:
+            return (
+                f"{delegate} is not in the server's policy, which would refuse their answer; delegate to one of "
+                f"{sorted(self.people)}, or ask an administrator to add {delegate} to policy.yaml"
+            )
+        return None
 
     # ---- AuthorityPolicy: checked when a decision is answered --------------------------------------------
 

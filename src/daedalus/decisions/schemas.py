@@ -23,6 +23,7 @@ PERSON_PATTERN = r"^[a-z][a-z0-9_.-]{0,31}$"
 class DecisionKind(StrEnum):
     DISPATCH = "dispatch"
     ESCALATION = "escalation"
+    DEPLOYMENT = "deployment"
 
 
 class Channel(StrEnum):
@@ -33,6 +34,8 @@ class Channel(StrEnum):
     SLACK = "slack"
     BOT = "bot"
     POLICY = "policy"
+    CONSOLE = "console"
+    """The decider's console the API serves (a browser session signed in with an API token)."""
 
 
 class DispatchOption(StrEnum):
@@ -59,11 +62,33 @@ TICKET_ESCALATION_MEANING = (
 )
 
 
+class HostProblemOption(StrEnum):
+    """A ticket's host could not run its step (no worker, a broken environment, GPUs not leased): nothing was
+    measured, so there is nothing to accept or to close under an exception."""
+
+    RETRY = "retry"
+    FAIL = "fail"
+    STOP = "stop"
+
+
+HOST_PROBLEM_MEANING = (
+    "retry = run the step again once the host works (no attempt is spent); fail = close as failed; "
+    "stop = stopped by the rules"
+)
+
+
 class TrainingEscalationOption(StrEnum):
     """A training run died too often: restart it from its last checkpoint, or stop it."""
 
     RESTART = "restart"
     STOP = "stop"
+
+
+class DeploymentOption(StrEnum):
+    """A training run's checkpoint cleared its evaluation's bar: switch the serving preset to it, or not."""
+
+    DEPLOY = "deploy"
+    SKIP = "skip"
 
 
 class CampaignProposalOption(StrEnum):
@@ -160,6 +185,11 @@ class Decision(SpecModel):
     decided_by: str = Field(min_length=1, pattern=PERSON_PATTERN)
     channel: Channel = Channel.CLI
     note: Note = ""
+    lesson: bool = Field(
+        default=False,
+        description="the decider marks the note as a lesson for later agents on this engine or host; an "
+        "unmarked note stays a decision note",
+    )
 
 
 class Delegation(SpecModel):
@@ -167,7 +197,7 @@ class Delegation(SpecModel):
 
     granted_by: str = Field(pattern=PERSON_PATTERN)
     delegate: str = Field(pattern=PERSON_PATTERN)
-    kind: DecisionKind = DecisionKind.DISPATCH
+    kind: DecisionKind = DecisionKind.ESCALATION
     channel: Channel = Channel.CLI
 
 
@@ -182,6 +212,10 @@ class DispatchRule(Model):
         default_factory=list, description="what will run on the host, shown in the request's evidence"
     )
     reason: str = Field(default="", description="why approval is (not) required, from the policy")
+    covered: bool = Field(
+        default=False,
+        description="approved as part of an ancestor's dispatch, whose evidence listed its commands",
+    )
 
 
 class DeskState(Model):

@@ -1,8 +1,11 @@
-"""Lessons: what a ticket's outcome, an agent's reported traps and a decider's notes taught the team.
+"""Lessons: what a failure's cause, an agent's reported traps and the notes a person marked taught the team.
 
 A lesson is attached to an engine or a host; later specs and agent prompts on that engine or host carry it,
-and the report lists it. The helpers here are pure (safe inside workflows): they turn a closed ticket, an
-agent's result or a decision into the lessons to record.
+and the report lists it. Only what teaches is recorded: a trap an agent reported (`TRAP:` lines), a ticket that
+failed with its cause (the gates that failed and why, or the last attempt's failure), and a note a person
+explicitly marked as a lesson (`daedalus decide ... --lesson`, the console's checkbox, `lessons add`). A decision
+note stays a decision note, in the audit trail; a pass, a cancellation or a rejection records nothing. The
+helpers here are pure (safe inside workflows).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ class LessonKind(StrEnum):
     TRAP = "trap"
     """Something an agent or a person tripped over ("profiler interval=100 changes the output")."""
     DECISION_NOTE = "decision_note"
-    """The decider's note on a decision ("KV quantization is always TBQ")."""
+    """A decider's note on a decision that they marked as a lesson ("KV quantization is always TBQ")."""
 
 
 class Lesson(Model):
@@ -82,10 +85,8 @@ def outcome_lessons(
     failed_gates: list[str],
     at: datetime,
 ) -> list[Lesson]:
-    """A closed ticket's outcome, as a lesson on its engine (or host when it has none).
-
-    A plain pass teaches nothing new and records nothing; every other ending does, with its reason.
-    """
+    """A closed ticket's outcome, as a lesson on its engine (or host when it has none): what tickets recorded
+    before `failure_lessons` (every ending but a plain pass), kept for the histories that replay it."""
     if status == "passed" and not failed_gates:
         return []
     text = f"ticket {ticket_id} ({title}) ended {status.replace('_', ' ')}"
@@ -102,6 +103,74 @@ def outcome_lessons(
             text=text[:MAX_LESSON_CHARS],
             source=ticket_id,
             recorded_by="daedalus",
+            recorded_at=at,
+        )
+    ]
+
+
+TEACHING_ENDINGS = ("failed", "stopped_by_rules", "closed_under_exception")
+"""The closed statuses whose cause is worth telling the next agent: a pass teaches nothing new, and a
+cancellation, a rejected dispatch or a termination is a person's call, not a finding about the engine."""
+CAUSE_CHARS = 240
+
+
+def failure_lessons(
+    *,
+    ticket_id: str,
+    title: str,
+    status: str,
+    engine: str | None,
+    host: str,
+    causes: list[str],
+    at: datetime,
+) -> list[Lesson]:
+    """A ticket that ended without passing, with its cause, as a lesson on its engine (or host): recorded only
+    for a teaching ending (`TEACHING_ENDINGS`) with a cause on record (`causes`: each failing gate with its
+    verdict's reason, or the last attempt's failure)."""
+    causes = [" ".join(c.split()) for c in causes if c.strip()]
+    if status not in TEACHING_ENDINGS or not causes:
+        return []
+    shown = [c if len(c) <= CAUSE_CHARS else c[: CAUSE_CHARS - 1] + "…" for c in causes]
+    text = f"ticket {ticket_id} ({title}) ended {status.replace('_', ' ')}; cause: {'; '.join(shown)}"
+    kind, subject = _subjects(engine, host)[0]
+    return [
+        Lesson(
+            subject_kind=kind,
+            subject=subject,
+            kind=LessonKind.OUTCOME,
+            text=text[:MAX_LESSON_CHARS],
+            source=ticket_id,
+            recorded_by="daedalus",
+            recorded_at=at,
+        )
+    ]
+
+
+def marked_note_lessons(
+    *,
+    request_id: str,
+    decision_kind: str,
+    subject_label: str,
+    note: str,
+    marked: bool,
+    decided_by: str,
+    engine: str | None,
+    host: str,
+    at: datetime,
+) -> list[Lesson]:
+    """A decider's note, as a lesson only when they marked it as one; unmarked, it stays a decision note."""
+    if not marked or not note.strip():
+        return []
+    kind, subject = _subjects(engine, host)[0]
+    text = f"{decided_by} on the {decision_kind} of {subject_label}: {' '.join(note.split())}"
+    return [
+        Lesson(
+            subject_kind=kind,
+            subject=subject,
+            kind=LessonKind.DECISION_NOTE,
+            text=text[:MAX_LESSON_CHARS],
+            source=request_id,
+            recorded_by=decided_by,
             recorded_at=at,
         )
     ]
@@ -138,7 +207,8 @@ def decision_note_lesson(
     host: str,
     at: datetime,
 ) -> list[Lesson]:
-    """A decider's note becomes a lesson when there is one; a bare button click teaches nothing."""
+    """Every decider's note as a lesson: what tickets recorded before `marked_note_lessons`, kept for the
+    histories that replay it."""
     if not note.strip():
         return []
     kind, subject = _subjects(engine, host)[0]

@@ -19,6 +19,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from daedalus.decisions.policy import Policy, resolve_ticket
+from daedalus.errors import NotAllowed
 from daedalus.hosts.registry import Registry
 from daedalus.ids import ticket_workflow_id
 from daedalus.schemas import search_attributes
@@ -212,7 +213,16 @@ def _label(ticket_id: str) -> str:
     return f"ticket {ticket_id}"
 
 
-async def delegate(client: Client, ticket_id: str, delegation: Delegation) -> list[str]:
+async def delegate(
+    client: Client, ticket_id: str, delegation: Delegation, *, policy: Policy | None = None
+) -> list[str]:
+    """Let someone decide one kind of decision for a ticket. With the server's `policy`, a delegation it would
+    never honour (a run-time dispatch delegate, a person it does not know) is refused before it is sent, so no
+    audit event records a delegation that does not work; the ticket's validator checks the rest."""
+    if policy is not None:
+        why = policy.delegation_refusal(delegation)
+        if why is not None:
+            raise NotAllowed(f"ticket {ticket_id}: {why}")
     result: list[str] = await update(
         client, ticket_workflow_id(ticket_id), _label(ticket_id), TicketWorkflow.delegate, delegation
     )

@@ -19,12 +19,14 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from daedalus.decisions.desk import Answer, DecisionDesk, E, Waiting
     from daedalus.decisions.schemas import (
+        HOST_PROBLEM_MEANING,
         TICKET_ESCALATION_MEANING,
         Decision,
         DecisionKind,
         DecisionRequest,
         Delegation,
         DispatchOption,
+        HostProblemOption,
         TicketEscalationOption,
         TicketSubject,
     )
@@ -61,6 +63,12 @@ PATCHES_AT_START = "ticket-patches-at-start"
 right after an audit write (a local activity), which fails replay when a query split their workflow tasks:
 `waiting-for-delegates`, `children-build-on-predecessor`, `host-problems-ask-the-decider`,
 `gates-hold-gpu-leases`, `ticket-lessons`. Runs started before it ask them lazily, where they always did."""
+HOST_PROBLEM_OPTIONS = "host-problem-options"
+"""Patch, asked in the run's first activation: a host that cannot run a step asks retry, fail or stop (histories
+before it also offered accept and close-under-exception, though nothing had been measured)."""
+CHILDREN_COVERED_BY_DISPATCH = "children-covered-by-dispatch"
+"""Patch, asked in the run's first activation: once a ticket's dispatch was approved, its sub-tickets run on that
+approval, whose evidence listed their commands too (histories before it asked each agent sub-ticket again)."""
 
 
 @workflow.defn(name="TicketWorkflow")
@@ -88,6 +96,8 @@ class TicketWorkflow:
             deciders=lambda: self.spec.approval.deciders,
         )
         self.cancel_request: CancelRequest | None = None
+        self.host_problem_options = False
+        self.children_covered = False
         self.steps = Steps(lambda: self.cancel_request is not None)
         self.ui = TicketUi()
         self.patches = PatchesAtStart(PATCHES_AT_START)
@@ -182,6 +192,8 @@ class TicketWorkflow:
     async def run(self, ticket: TicketInput) -> TicketState:
         self.patches.decide()
         self.lessons.decide()
+        self.host_problem_options = workflow.patched(HOST_PROBLEM_OPTIONS)
+        self.children_covered = workflow.patched(CHILDREN_COVERED_BY_DISPATCH)
         self.trail.batch_writes()
         self.ui.identity(self.spec)
         if ticket.carry is None:
@@ -246,7 +258,9 @@ class TicketWorkflow:
                     TicketInput(
                         spec=child,
                         filed_by=f"ticket {self.spec.id}",
-                        dispatch=rules.child_dispatch(self.input.dispatch, child),
+                        dispatch=rules.child_dispatch(
+                            self.input.dispatch, child, covered_by_parent=self.children_covered
+                        ),
                         hosts=self.input.hosts,
                         requests_before=self.input.requests_before,
                     ),
@@ -342,12 +356,21 @@ class TicketWorkflow:
             return await self._escalate(judged.escalate)
         return judged.closed
 
-    async def _escalate(self, why: str, *, grants_attempt: bool = True) -> rules.Closed | None:
+    async def _escalate(
+        self, why: str, *, grants_attempt: bool = True, host_problem: bool = False
+    ) -> rules.Closed | None:
         self._set(escalation_why=why)
         evidence = rules.evidence(self.s.attempts)
-        question = f"{why} What now? ({TICKET_ESCALATION_MEANING})"
-        answer = await self._ask(DecisionKind.ESCALATION, question, TicketEscalationOption, evidence)
-        closed = rules.escalation_outcome(answer.option, answer.by, why)
+        option: TicketEscalationOption
+        if host_problem and self.host_problem_options:
+            question = f"{why} What now? ({HOST_PROBLEM_MEANING})"
+            asked = await self._ask(DecisionKind.ESCALATION, question, HostProblemOption, evidence)
+            option, by = TicketEscalationOption(asked.option.value), asked.by
+        else:
+            question = f"{why} What now? ({TICKET_ESCALATION_MEANING})"
+            answer = await self._ask(DecisionKind.ESCALATION, question, TicketEscalationOption, evidence)
+            option, by = answer.option, answer.by
+        closed = rules.escalation_outcome(option, by, why)
         if closed is None and grants_attempt:
             self._set(granted=rules.retry_granted(self.spec, self.s.granted, len(self.s.attempts)))
         return closed
@@ -362,7 +385,7 @@ class TicketWorkflow:
                 return await step()
             except HostProblem as problem:
                 workflow.logger.warning("%s", problem)  # the control worker's log says it too
-                closed = await self._escalate(str(problem), grants_attempt=False)
+                closed = await self._escalate(str(problem), grants_attempt=False, host_problem=True)
                 if closed is not None:
                     return closed
 
@@ -394,7 +417,7 @@ class TicketWorkflow:
         )
         if answer is None:
             raise Interrupted()
-        await self.lessons.decision_note(self.spec, question, answer.decision)
+        await self.lessons.decision_note(self.spec, question, answer.decision, kind)
         return answer
 
     def _awaiting(self, request: DecisionRequest) -> None:

@@ -1,6 +1,7 @@
 """A ticket's lessons: read for the engine and host before each attempt (they go into the agent's prompt), and
-recorded when the ticket learns something: the traps its agent reported, a decider's note on a decision, and
-how it closed. Lessons attach to the ticket's engine (its host when it has none), in the store on the control
+recorded when the ticket learns something: the traps its agent reported, a decider's note they marked as a
+lesson, and a failure with its cause (patch `lessons-that-teach`; before it, every note and every ending but a
+plain pass was recorded). Lessons attach to the ticket's engine (its host when it has none), in the store on the control
 queue, idempotent on (subject, text), so a retried or replayed write records nothing twice.
 
 Lessons are advice: a store that cannot be read or written is logged and never holds a ticket up. Every call
@@ -17,7 +18,7 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from daedalus.activities.refs import LESSONS_FOR, RECORD_LESSONS
-    from daedalus.decisions.schemas import Decision
+    from daedalus.decisions.schemas import Decision, DecisionKind
     from daedalus.schemas.agents import AgentResult
     from daedalus.schemas.gates import Verdict
     from daedalus.schemas.lessons import (
@@ -25,6 +26,8 @@ with workflow.unsafe.imports_passed_through():
         LessonBatch,
         LessonQuery,
         decision_note_lesson,
+        failure_lessons,
+        marked_note_lessons,
         outcome_lessons,
         trap_lessons,
     )
@@ -36,6 +39,9 @@ LESSONS_READ_LOCALLY = "ticket-lessons-read-locally"
 """Patch, asked in the run's first activation (patches.py says why there): the lessons for a prompt are read by a
 local activity, in the workflow task that dispatches the attempt, instead of a remote one whose completion cost
 a workflow task of its own. Runs started before it read them remotely."""
+LESSONS_THAT_TEACH = "lessons-that-teach"
+"""Patch, asked in the run's first activation: only notes the decider marked as lessons, and failures with
+their cause, are recorded. Runs started before it recorded every note and every ending but a plain pass."""
 LESSONS_TIMEOUT = timedelta(seconds=30)
 LESSONS_RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1))
 
@@ -48,10 +54,13 @@ class TicketLessons:
     def __init__(self, patches: PatchesAtStart) -> None:
         self.patches = patches
         self.read_locally = False
+        self.teaching_only = False
 
     def decide(self) -> None:
-        """Ask `LESSONS_READ_LOCALLY`: call it in `run`'s first activation, before anything that awaits."""
+        """Ask `LESSONS_READ_LOCALLY` and `LESSONS_THAT_TEACH`: call it in `run`'s first activation, before
+        anything that awaits."""
         self.read_locally = workflow.patched(LESSONS_READ_LOCALLY)
+        self.teaching_only = workflow.patched(LESSONS_THAT_TEACH)
 
     def _on(self) -> bool:
         return self.patches.patched(LESSONS_PATCH)
@@ -83,39 +92,66 @@ class TicketLessons:
                 ),
             )
 
-    async def decision_note(self, spec: TicketSpec, question: str, answer: Decision) -> None:
-        """A decider's note on a decision ("KV quantization is always TBQ"); a bare click teaches nothing."""
-        if answer.note.strip() and self._on():
-            await self._record(
-                spec,
-                decision_note_lesson(
-                    request_id=answer.request_id,
-                    question=question,
-                    option=answer.option,
-                    note=answer.note,
-                    decided_by=answer.decided_by,
-                    engine=_engine(spec),
-                    host=spec.host,
-                    at=workflow.now(),
-                ),
+    async def decision_note(
+        self, spec: TicketSpec, question: str, answer: Decision, kind: DecisionKind
+    ) -> None:
+        """A decider's note, when they marked it as a lesson ("KV quantization is always TBQ"); an unmarked note
+        stays in the audit trail only. (Before `lessons-that-teach`: every note.)"""
+        if not answer.note.strip() or not self._on():
+            return
+        if self.teaching_only:
+            lessons = marked_note_lessons(
+                request_id=answer.request_id,
+                decision_kind=kind.value,
+                subject_label=f"ticket {spec.id}",
+                note=answer.note,
+                marked=answer.lesson,
+                decided_by=answer.decided_by,
+                engine=_engine(spec),
+                host=spec.host,
+                at=workflow.now(),
             )
+        else:
+            lessons = decision_note_lesson(
+                request_id=answer.request_id,
+                question=question,
+                option=answer.option,
+                note=answer.note,
+                decided_by=answer.decided_by,
+                engine=_engine(spec),
+                host=spec.host,
+                at=workflow.now(),
+            )
+        await self._record(spec, lessons)
 
     async def outcome(
         self, spec: TicketSpec, status: TicketStatus, reason: str, attempts: list[AttemptSummary]
     ) -> None:
-        """How the ticket closed, with the gates that failed on the way (a plain pass records nothing)."""
-        failed = [r.gate for a in attempts for r in a.gate_results if r.verdict is Verdict.FAIL]
-        lessons = outcome_lessons(
-            ticket_id=spec.id,
-            title=spec.title,
-            status=status.value,
-            reason=reason,
-            engine=_engine(spec),
-            host=spec.host,
-            failed_gates=list(dict.fromkeys(failed)),
-            at=workflow.now(),
-        )
-        if lessons and self._on():
+        """A ticket that failed, with its cause: each gate that failed and why, else the last attempt's failure.
+        (Before `lessons-that-teach`: every ending but a plain pass, with the gates that failed on the way.)"""
+        if self.teaching_only:
+            lessons = failure_lessons(
+                ticket_id=spec.id,
+                title=spec.title,
+                status=status.value,
+                engine=_engine(spec),
+                host=spec.host,
+                causes=failure_causes(attempts),
+                at=workflow.now(),
+            )
+        else:
+            failed = [r.gate for a in attempts for r in a.gate_results if r.verdict is Verdict.FAIL]
+            lessons = outcome_lessons(
+                ticket_id=spec.id,
+                title=spec.title,
+                status=status.value,
+                reason=reason,
+                engine=_engine(spec),
+                host=spec.host,
+                failed_gates=list(dict.fromkeys(failed)),
+                at=workflow.now(),
+            )
+        if lessons and self._on():  # asked only then, as it always was: lazily patched runs replay
             await self._record(spec, lessons)
 
     async def _record(self, spec: TicketSpec, lessons: list[Lesson]) -> None:
@@ -129,3 +165,19 @@ class TicketLessons:
             )
         except ActivityError as error:
             workflow.logger.warning("recording lessons of ticket %s failed: %s", spec.id, error)
+
+
+def failure_causes(attempts: list[AttemptSummary]) -> list[str]:
+    """Why the attempts failed: each gate's latest FAIL with its reason; without one, the last attempt's
+    failure (its build or agent output). Nothing when no attempt was made."""
+    latest: dict[str, str] = {}
+    for attempt in attempts:
+        for result in attempt.gate_results:
+            if result.verdict is Verdict.FAIL:
+                latest[result.gate] = f"gate {result.gate} FAIL on attempt {attempt.number}: {result.reason}"
+    if latest:
+        return list(latest.values())
+    if attempts and attempts[-1].detail.strip():
+        last = attempts[-1]
+        return [f"attempt {last.number} {last.outcome.value}: {last.detail}"]
+    return []

@@ -43,13 +43,22 @@ def dispatch_question(spec: TicketSpec, rule: DispatchRule | None) -> tuple[str,
     return question, [*(f"runs {line}" for line in rule.commands), f"spec: {spec.spec[:300]}"]
 
 
-def child_dispatch(rule: DispatchRule | None, child: TicketSpec) -> DispatchRule | None:
-    """A sub-ticket's rule: the parent's dispatch approved the whole tree's commands, so the child asks again
-    only when its own spec asks for an agent dispatch decision (as every sub-ticket did before the policy)."""
+def child_dispatch(
+    rule: DispatchRule | None, child: TicketSpec, *, covered_by_parent: bool = False
+) -> DispatchRule | None:
+    """A sub-ticket's rule. The parent's dispatch request listed the whole tree's commands, so once it was
+    approved (`covered_by_parent`, patch `children-covered-by-dispatch`: a parent that asked, or was covered by
+    its own parent) no sub-ticket asks again. Otherwise a child asks when its own spec asks for an agent
+    dispatch decision (as every sub-ticket did before the policy)."""
     if rule is None:
         return None
-    asked = child.agent is not None and child.approval.dispatch_requires_approval
     tree = tree_commands(child)
+    if covered_by_parent and (rule.required or rule.covered):
+        reason = f"sub-ticket {child.id} runs on its parent's approved dispatch, which listed these commands"
+        return DispatchRule(
+            required=False, excluded=rule.excluded, commands=tree, reason=reason, covered=True
+        )
+    asked = child.agent is not None and child.approval.dispatch_requires_approval
     reason = f"sub-ticket {child.id} asks for approval of its agent's dispatch"
     return DispatchRule(required=asked, excluded=rule.excluded, commands=tree, reason=reason)
 
