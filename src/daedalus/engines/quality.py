@@ -197,6 +197,9 @@ def parse_perplexity(text: str) -> tuple[float, float]:
     return float(m["ppl"]), float(m["err"])
 
 
+PERPLEXITY_RUNS = 6
+
+
 async def perplexity(
     build: LlamaBuild, preset: LlamaCppPreset, model: Path, corpus: Path, log_path: Path,
     *, ctx: int = 128, chunks: int = 8,
@@ -211,10 +214,11 @@ async def perplexity(
     ]  # fmt: skip
     if preset.threads:
         argv += ["-t", str(preset.threads)]
-    # llama.cpp logs through a worker thread that can lose its last lines when the process exits (seen here:
-    # exit 0, the chunk values up to the next-to-last, no final estimate); the run is deterministic, so a run
-    # whose final line went missing is run again, at most twice.
-    for _ in range(3):
+    # llama.cpp logs through a worker thread whose queue is not flushed when the process exits (its logger is
+    # leaked on purpose, llama.cpp issue 22142): seen here, exit 0 with the chunk values up to the next-to-last
+    # and no final estimate, more often on a loaded machine. The run is deterministic, so a run whose final
+    # line went missing is run again, at most PERPLEXITY_RUNS times in all.
+    for _ in range(PERPLEXITY_RUNS):
         log_path.unlink(missing_ok=True)
         rc = await run_logged(argv, log_path, env=preset.env)
         if rc != 0:
