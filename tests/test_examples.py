@@ -108,7 +108,7 @@ def test_the_example_policy_lets_every_example_be_filed_and_approved_by_someone_
         assert rule.required and rule.excluded == ["lead"] and run.approval.deciders == ["wayne"], path.name
         assert any("Daedalus deletes complete checkpoints" in line for line in rule.commands), rule.commands
         started.append(path.name)
-    assert started == ["drafter-27b.yaml", "local-leak.yaml"]
+    assert started == ["drafter-27b.yaml", "local-leak.yaml", "local-train8.yaml"]
 
 
 @pytest.mark.parametrize(

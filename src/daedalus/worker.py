@@ -202,7 +202,8 @@ def host_limits(config: WorkerConfig, host: str) -> ResourceLimits:
 def host_worker(client: Client, config: WorkerConfig, host: str) -> Worker:
     """The activities that run on `host` itself: agents in worktrees, builds, gates, engines, training."""
     workspace = Workspace(root=config.workspace_root / host, artifacts=config.artifacts)
-    confined = ConfinedSteps(workspace, config.steps, host_limits(config, host))
+    limits = host_limits(config, host)
+    confined = ConfinedSteps(workspace, config.steps, limits)
     attempts, builds, gates = (
         AttemptActivities(workspace, config.agent),
         BuildActivities(confined),
@@ -211,7 +212,12 @@ def host_worker(client: Client, config: WorkerConfig, host: str) -> Worker:
     if config.engines is not None:
         paths.configure(config.engines)
     engines = EngineActivities(config.artifacts)
-    training = TrainingActivities(config.artifacts, state_dir=config.workspace_root / host / "training")
+    training = TrainingActivities(
+        config.artifacts,
+        state_dir=config.workspace_root / host / "training",
+        steps=config.steps,
+        limits=limits,
+    )
     tenants = TenantActivities(gpu_state_dir(config.workspace_root, host))
     leased = LeasedCommandActivities(config.artifacts)
     cells = CampaignCellActivities(config.artifacts)
@@ -227,6 +233,8 @@ def host_worker(client: Client, config: WorkerConfig, host: str) -> Worker:
             engines.run_quality_probe,
             training.supervise_training,
             training.training_host_report,
+            training.evaluate_checkpoint,
+            training.deploy_checkpoint,
             tenants.pause_tenant,
             tenants.resume_tenant,
             leased.run_leased,

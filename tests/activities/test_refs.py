@@ -27,6 +27,8 @@ DEFINITIONS: list[Callable[..., Any]] = [
     NotifyActivities.notify_decision_request,
     TrainingActivities.supervise_training,
     TrainingActivities.training_host_report,
+    TrainingActivities.evaluate_checkpoint,
+    TrainingActivities.deploy_checkpoint,
     LessonActivities.record_lessons,
     LessonActivities.lessons_for,
 ]

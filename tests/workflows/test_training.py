@@ -7,6 +7,7 @@ store, so each test also reads the run's audit trail back from the store.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import subprocess
@@ -119,7 +120,7 @@ async def workers(
 ) -> AsyncIterator[None]:
     """The control queue as production assembles it (both workflows, the audit store on `engine`, Slack when
     given) and, unless told otherwise, the run's host queue."""
-    acts = TrainingActivities(tmp / "artifacts")
+    acts = TrainingActivities(tmp / "artifacts", steps=TEST_STEPS)
     config = WorkerConfig(
         steps=TEST_STEPS,
         audit_key=TEST_AUDIT_KEY,
@@ -135,7 +136,12 @@ async def workers(
             async with Worker(
                 client,
                 task_queue=f"host-{spec.host}",
-                activities=[acts.supervise_training, acts.training_host_report],
+                activities=[
+                    acts.supervise_training,
+                    acts.training_host_report,
+                    acts.evaluate_checkpoint,
+                    acts.deploy_checkpoint,
+                ],
             ):
                 yield
         else:
@@ -461,18 +467,40 @@ async def test_command_that_does_not_exist_fails_the_run_clearly(
 
 
 STORED = sorted(p.name for p in HISTORIES.glob("training-*.json"))
+OLDER_THAN_THE_DESK = {
+    "training-escalation.json",
+    "training-reattach.json",
+    "training-v1-escalation.json",
+    "training-v1-reattach.json",
+}
+EVALUATED = {"training-escalation-over-a-proposal.json", "training-evaluation-deployment.json"}
 
 
 def test_stored_histories_are_there() -> None:
     """v1: recorded before runs wrote audit events (AUDIT_PATCH keeps them replaying); then before the decision
-    desk posted escalations to Slack and reminded (DESK_PATCH); then the current one."""
+    desk posted escalations to Slack and reminded (DESK_PATCH); then the desk's; then runs that evaluate their
+    checkpoints and propose them for a serving preset (EVALUATION_PATCH, tests/workflows/test_training_seed.py)."""
     assert STORED == [
         "training-desk-escalation.json",
+        "training-escalation-over-a-proposal.json",
         "training-escalation.json",
+        "training-evaluation-deployment.json",
         "training-reattach.json",
         "training-v1-escalation.json",
         "training-v1-reattach.json",
     ]
+
+
+def marker_text(history: dict[str, Any]) -> str:
+    """The decoded payloads of the history's markers (patches, local activities), as one text."""
+    texts = []
+    for event in history["events"]:
+        details = event.get("markerRecordedEventAttributes", {}).get("details", {})
+        for payloads in details.values():
+            texts += [
+                base64.b64decode(p.get("data", "")).decode(errors="replace") for p in payloads["payloads"]
+            ]
+    return "\n".join(texts)
 
 
 def activity_types(history: dict[str, Any]) -> set[str]:
@@ -492,6 +520,11 @@ async def test_stored_histories_replay(name: str) -> None:
         result = await replayer.replay_workflow(replayed, raise_on_replay_failure=False)
         assert result.replay_failure is None, f"{name}: {result.replay_failure}"
     kinds = activity_types(history)
-    assert ("record_audit_event" in kinds) == ("-v1-" not in name)
-    # Only the desk's escalation posts to Slack; the older ones replay without the notifications.
-    assert ("notify_decision_request" in kinds) == (name == "training-desk-escalation.json")
+    evaluated = name in EVALUATED
+    # Audit events: none in v1; one remote activity each, then one local activity's marker each.
+    assert ("record_audit_event" in kinds) == ("-v1-" not in name and not evaluated)
+    assert ("record_audit_event" in marker_text(history)) == evaluated
+    # The desk's requests post to Slack; the older ones replay without the notifications.
+    assert ("notify_decision_request" in kinds) == (name not in OLDER_THAN_THE_DESK)
+    assert ("evaluate_checkpoint" in kinds) == evaluated
+    assert ("training-checkpoint-evaluation" in marker_text(history)) == evaluated

@@ -20,7 +20,16 @@ from daedalus.schemas.gates import GateResult
 from daedalus.schemas.lessons import LessonBatch, LessonQuery
 from daedalus.schemas.notify import NotifyResult
 from daedalus.schemas.steps import AttemptInput, BuildInput, BuildResult, GateInput
-from daedalus.schemas.training import HostReport, HostReportInput, SegmentReport, SuperviseInput
+from daedalus.schemas.training import (
+    CheckpointEvaluated,
+    DeploymentInput,
+    DeploymentResult,
+    EvaluationInput,
+    HostReport,
+    HostReportInput,
+    SegmentReport,
+    SuperviseInput,
+)
 
 In = TypeVar("In")
 Out = TypeVar("Out")
@@ -63,6 +72,8 @@ RECORD_AUDIT_EVENTS = ActivityRef("record_audit_events", AuditBatch, int)
 NOTIFY_DECISION_REQUEST = ActivityRef("notify_decision_request", DecisionRequest, NotifyResult)
 SUPERVISE_TRAINING = ActivityRef("supervise_training", SuperviseInput, SegmentReport)
 TRAINING_HOST_REPORT = ActivityRef("training_host_report", HostReportInput, HostReport)
+EVALUATE_CHECKPOINT = ActivityRef("evaluate_checkpoint", EvaluationInput, CheckpointEvaluated)
+DEPLOY_CHECKPOINT = ActivityRef("deploy_checkpoint", DeploymentInput, DeploymentResult)
 RECORD_LESSONS = ActivityRef("record_lessons", LessonBatch, int)
 LESSONS_FOR = ActivityRef("lessons_for", LessonQuery, list[str])
 
@@ -75,6 +86,8 @@ WORKFLOW_ACTIVITIES: tuple[ActivityRef[Any, Any], ...] = (
     NOTIFY_DECISION_REQUEST,
     SUPERVISE_TRAINING,
     TRAINING_HOST_REPORT,
+    EVALUATE_CHECKPOINT,
+    DEPLOY_CHECKPOINT,
     RECORD_LESSONS,
     LESSONS_FOR,
 )

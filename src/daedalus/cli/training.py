@@ -6,6 +6,7 @@ With DAEDALUS_API_URL set, every command goes through the shared stack's API as 
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated
 
@@ -80,7 +81,22 @@ def render_status(status: TrainingRunStatus) -> Table:
             if status.slope_gib_per_h is not None
             else "-",
         ),
+        ("progress", status.progress.summary() if status.progress else "- (the trainer writes none)"),
+        (
+            "progress as of",
+            f"{status.progress.at:%H:%M:%S}"
+            + (
+                f", done at about {status.progress.at + timedelta(seconds=status.progress.eta_s):%Y-%m-%d %H:%M:%S}"
+                if status.progress.eta_s is not None
+                else ""
+            )
+            if status.progress
+            else "-",
+        ),
         ("last checkpoint", status.last_checkpoint or "-"),
+        ("watchdog wakes on", status.wakeups or "-"),
+        ("evaluations", _evaluations(status)),
+        ("deployments", "\n".join(f"{d.outcome.value}: {d.summary}" for d in status.deployments[-3:]) or "-"),
         ("deaths (counter)", f"{len(status.deaths)} ({status.death_counter})"),
         ("hunting tickets", ", ".join(status.hunting_tickets) or "-"),
         ("awaiting", status.pending_decision.question if status.pending_decision else "-"),
@@ -91,9 +107,19 @@ def render_status(status: TrainingRunStatus) -> Table:
     return table
 
 
+def _evaluations(status: TrainingRunStatus) -> str:
+    """The latest evaluations, one a line, and what waits for one."""
+    lines = [evaluation.summary() for evaluation in status.evaluations[-3:]]
+    if len(status.evaluations) > 3:
+        lines.insert(0, f"({len(status.evaluations) - 3} earlier)")
+    if status.waiting_evaluation:
+        lines.append(f"waiting: {', '.join(Path(path).name for path in status.waiting_evaluation)}")
+    return "\n".join(lines) or "-"
+
+
 @app.command()
 def status(name: str) -> None:
-    """State, memory now, slope, last checkpoint and deaths of a run."""
+    """State, memory now, slope, progress and ETA, last checkpoint, evaluations, deployments and deaths of a run."""
     console.print(render_status(_status(name)))
 
 
@@ -127,14 +153,19 @@ def stop(
 @app.command()
 def decide(
     name: str,
-    option: Annotated[str, typer.Argument(help="approve | reject (dispatch), restart | stop (escalation)")],
+    option: Annotated[
+        str,
+        typer.Argument(
+            help="approve | reject (dispatch), restart | stop (escalation), deploy | skip (deployment)"
+        ),
+    ],
     who: Annotated[
         str | None, typer.Option("--as", help="who decides (must be a decider of the run)")
     ] = None,
     note: Annotated[str, typer.Option(help="reason, kept in the audit trail")] = "",
 ) -> None:
-    """Answer a run's pending decision: its dispatch (approve | reject), or its escalation after its third death
-    (restart from the checkpoint | stop)."""
+    """Answer a run's pending decision: its dispatch (approve | reject), its escalation after its third death
+    (restart from the checkpoint | stop), or a checkpoint's deployment to its serving preset (deploy | skip)."""
     remote = shared_stack()
     who = remote.acting_as(who) if remote is not None else local_person(who)
 

@@ -5,8 +5,11 @@ sequences from a fixed affine recurrence (x[t+1] = a*x[t] + b mod V, a random st
 falls and a resumed run can be seen to continue where it was. It keeps the watchdog's protocol, the same as
 the tests' trainer: checkpoints are directories `ckpt-<step>` with `model.pt` and `state.json`, and the marker
 `COMPLETE` written last (a half-written one never counts); the checkpoint signal (SIGUSR1) asks for a
-checkpoint at the next step boundary; `DAEDALUS_CHECKPOINT_DIR`, `DAEDALUS_CHECKPOINT_EVERY` and
-`DAEDALUS_RESUME_FROM` come from the watchdog.
+checkpoint at the next step boundary; `DAEDALUS_CHECKPOINT_DIR`, `DAEDALUS_CHECKPOINT_EVERY`,
+`DAEDALUS_RESUME_FROM` and `DAEDALUS_TARGET_STEPS` (the default of `--steps`) come from the watchdog, and its
+steps and tokens go to `DAEDALUS_PROGRESS_FILE` (`{"step": N, "tokens": T}`, at most twice a second), from which
+the watchdog reports throughput and the ETA. A checkpoint's `state.json` also holds the model's shape, so that
+`daedalus.engines.drafter_eval` can rebuild it.
 
 `--leak-mib-per-step` holds that much *host* memory more every step (filled, so it is resident): the
 deliberate, configurable leak that the watchdog is there to catch. torch is imported here only; it is no
@@ -32,7 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m daedalus.engines.gpu_trainer", description=__doc__.splitlines()[0]
     )
-    p.add_argument("--steps", type=int, default=0, help="stop after this step (0 = until stopped)")
+    p.add_argument("--steps", type=int, default=int(env.get("DAEDALUS_TARGET_STEPS") or 0),
+                   help="stop after this step (0 = until stopped)")  # fmt: skip
     p.add_argument("--device", default="auto", help="cuda, cpu, or auto (cuda when available)")
     p.add_argument("--d-model", type=int, default=512)
     p.add_argument("--layers", type=int, default=4)
@@ -99,7 +103,18 @@ def synthetic_batch(args: argparse.Namespace, generator: Any, device: Any) -> An
     return seq.to(device, non_blocking=True)
 
 
-def save_checkpoint(directory: Path, step: int, model: Any, optimizer: Any, loss: float) -> Path:
+MODEL_ARGS = ("d_model", "layers", "heads", "seq", "vocab")
+"""What rebuilds the model from a checkpoint (kept in its state.json)."""
+
+
+def save_checkpoint(
+    directory: Path,
+    step: int,
+    model: Any,
+    optimizer: Any,
+    loss: float,
+    args: argparse.Namespace | None = None,
+) -> Path:
     import torch
 
     path = directory / f"ckpt-{step:07d}"
@@ -107,9 +122,29 @@ def save_checkpoint(directory: Path, step: int, model: Any, optimizer: Any, loss
     tmp = path / "model.pt.tmp"
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, tmp)
     os.replace(tmp, path / "model.pt")
-    (path / "state.json").write_text(json.dumps({"step": step, "loss": loss}))
+    shape = {name: getattr(args, name) for name in MODEL_ARGS} if args is not None else {}
+    (path / "state.json").write_text(json.dumps({"step": step, "loss": loss, "model": shape}))
     (path / "COMPLETE").write_text("")  # last: only now does the checkpoint count
     return path
+
+
+class Progress:
+    """Writes the step and token count to `DAEDALUS_PROGRESS_FILE` (whole, by rename), at most every 0.5 s."""
+
+    def __init__(self, path: str | None, every_s: float = 0.5):
+        self.path = path
+        self.every_s = every_s
+        self.last = float("-inf")
+
+    def write(self, step: int, tokens: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.path is None or (not force and now - self.last < self.every_s):
+            return
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as handle:
+            handle.write(json.dumps({"step": step, "tokens": tokens}))
+        os.replace(tmp, self.path)
+        self.last = now
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     held: list[bytearray] = []
     carry = 0.0
     tokens_since = 0
+    tokens_total = step * args.batch * args.seq
+    progress = Progress(os.environ.get("DAEDALUS_PROGRESS_FILE"))
     since = time.monotonic()
     while args.steps == 0 or step < args.steps:
         started = time.monotonic()
@@ -154,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         optimizer.step()
         step += 1
         tokens_since += args.batch * args.seq
+        tokens_total += args.batch * args.seq
         carry += args.leak_mib_per_step
         if carry >= 1 and sum(len(h) for h in held) < args.max_leak_mib * MIB:
             chunk = int(carry)
@@ -161,9 +199,10 @@ def main(argv: list[str] | None = None) -> int:
             held.append(bytearray(b"\x01") * (chunk * MIB))
         due = step % args.every == 0
         if args.checkpoint_dir is not None and (due or checkpoint_requested):
-            path = save_checkpoint(args.checkpoint_dir, step, model, optimizer, float(loss.item()))
+            path = save_checkpoint(args.checkpoint_dir, step, model, optimizer, float(loss.item()), args)
             print(f"checkpoint step={step} path={path} requested={checkpoint_requested}", flush=True)
             checkpoint_requested = False
+        progress.write(step, tokens_total, force=due)
         if step % args.log_every == 0:
             elapsed = time.monotonic() - since
             print(f"step {step} loss {loss.item():.4f} tok/s {tokens_since / elapsed:.0f} "
@@ -171,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             tokens_since, since = 0, time.monotonic()
         if args.min_step_s > 0:
             time.sleep(max(0.0, args.min_step_s - (time.monotonic() - started)))
+    progress.write(step, tokens_total, force=True)
     print(f"trainer finished at step {step}", flush=True)
     return 0
 

@@ -2,12 +2,19 @@
 
 Production reads host-wide MemAvailable: on unified-memory hosts (GB10) GPU allocations are invisible to
 cgroups and to RSS, but they do lower MemAvailable. Tests read `budget - RSS of the trainer's process tree`
-so that a trainer allocating a few hundred MiB trips the stop without pushing a shared machine near OOM.
+so that a trainer allocating a few hundred MiB trips the stop without pushing a shared machine near OOM. A run
+given a memory limit of its own (`memory_limit_mib`) runs in a memory cgroup (`TrainerCgroup`), whose usage the
+kernel counts and, past the limit, OOM-kills inside: nothing else on the host is touched.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
+import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +24,8 @@ import numpy as np
 import psutil
 from scipy.stats import theilslopes
 
+from daedalus.confinement import CGROUP_NAME, CGROUP_V1
+from daedalus.errors import TrainingInputError
 from daedalus.schemas.training import GIB, MIB, MemorySource, WatchdogPolicy
 
 MAX_FIT_POINTS = 90
@@ -59,10 +68,136 @@ class ProcessTreeMemory:
         return self.budget_bytes - self.used_bytes()
 
 
-def reader_for(policy: WatchdogPolicy, trainer_pid: int) -> MemoryReader:
+@dataclass(frozen=True)
+class TrainerCgroup:
+    """The trainer's own memory cgroup: cgroup v1's memory controller, or a directory of a delegated cgroup v2
+    tree (`steps.cgroup_root`). The keeper moves the trainer into it before it executes, so everything the
+    trainer starts is in it too; the keeper itself stays outside, so it outlives an OOM kill and records it."""
+
+    path: Path
+    unified: bool
+    limit_bytes: int
+
+    RECORD = "cgroup.json"
+
+    @classmethod
+    def make(cls, label: str, limit_bytes: int, root: Path | None = None) -> TrainerCgroup:
+        """A fresh cgroup with the limit set, or TrainingInputError saying why none can be made here."""
+        name = f"train-{label}-{uuid.uuid4().hex[:8]}"
+        if root is not None:
+            made = cls(root / name, unified=True, limit_bytes=limit_bytes)
+        elif _writable(CGROUP_V1 / "memory"):
+            made = cls(CGROUP_V1 / "memory" / CGROUP_NAME / name, unified=False, limit_bytes=limit_bytes)
+        else:
+            raise TrainingInputError(
+                "memory_limit_mib needs a memory cgroup the worker can create: cgroup v1's memory controller "
+                f"({CGROUP_V1 / 'memory'}, writable by root) or a delegated cgroup v2 directory (steps.cgroup_root)"
+            )
+        try:
+            made.path.mkdir(parents=not made.unified, exist_ok=False)
+            if made.unified:
+                (made.path / "memory.max").write_text(str(limit_bytes))
+                with contextlib.suppress(OSError):  # no swap accounting on this host
+                    (made.path / "memory.swap.max").write_text("0")
+            else:
+                (made.path / "memory.limit_in_bytes").write_text(str(limit_bytes))
+                with contextlib.suppress(OSError):  # no swap accounting on this host
+                    (made.path / "memory.memsw.limit_in_bytes").write_text(str(limit_bytes))
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                made.path.rmdir()
+            raise TrainingInputError(
+                f"could not make the trainer's memory cgroup {made.path}: {error.strerror or error}"
+            ) from error
+        return made
+
+    def save(self, run_dir: Path) -> None:
+        record = {"path": str(self.path), "unified": self.unified, "limit_bytes": self.limit_bytes}
+        tmp = run_dir / f".{self.RECORD}.tmp"
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, run_dir / self.RECORD)
+
+    @classmethod
+    def load(cls, run_dir: Path) -> TrainerCgroup | None:
+        try:
+            data = json.loads((run_dir / cls.RECORD).read_text())
+            return cls(Path(data["path"]), bool(data["unified"]), int(data["limit_bytes"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    @property
+    def procs(self) -> Path:
+        """The file the keeper writes the trainer's pid to."""
+        return self.path / "cgroup.procs"
+
+    @property
+    def usage_file(self) -> Path:
+        return self.path / ("memory.current" if self.unified else "memory.usage_in_bytes")
+
+    @property
+    def oom_file(self) -> Path:
+        """Where the kernel counts the OOM kills in this cgroup (`oom_kill N`)."""
+        return self.path / ("memory.events" if self.unified else "memory.oom_control")
+
+    def usage_bytes(self) -> int:
+        try:
+            return int(self.usage_file.read_text())
+        except (OSError, ValueError):
+            return 0  # removed: nothing of it uses memory any more
+
+    def peak_bytes(self) -> int | None:
+        try:
+            return int(
+                (self.path / ("memory.peak" if self.unified else "memory.max_usage_in_bytes")).read_text()
+            )
+        except (OSError, ValueError):
+            return None
+
+    def members(self) -> list[int]:
+        try:
+            return [int(line) for line in self.procs.read_text().split()]
+        except (OSError, ValueError):
+            return []
+
+    def remove(self) -> None:
+        """Kill whatever is still in it (nothing, once the trainer's group is gone), then remove it."""
+        for _ in range(50):
+            members = self.members()
+            if not members:
+                break
+            for pid in members:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
+
+
+def _writable(path: Path) -> bool:
+    return path.is_dir() and os.access(path, os.W_OK)
+
+
+class CgroupMemory:
+    """The trainer cgroup's limit minus its usage: what is left before the kernel OOM-kills inside it."""
+
+    def __init__(self, cgroup: TrainerCgroup):
+        self.cgroup = cgroup
+
+    def available_bytes(self) -> int:
+        return self.cgroup.limit_bytes - self.cgroup.usage_bytes()
+
+
+def reader_for(policy: WatchdogPolicy, trainer_pid: int, cgroup: TrainerCgroup | None = None) -> MemoryReader:
     if policy.memory_source is MemorySource.PROCESS_TREE:
         assert policy.budget_mib is not None  # the schema enforces it
         return ProcessTreeMemory(trainer_pid, policy.budget_mib * MIB)
+    if policy.memory_source is MemorySource.CGROUP:
+        if cgroup is None:
+            raise TrainingInputError(
+                "memory_source 'cgroup' reads the trainer's own memory cgroup, and this incarnation has none "
+                "(it was started without memory_limit_mib)"
+            )
+        return CgroupMemory(cgroup)
     return HostMemory()
 
 

@@ -144,10 +144,18 @@ def check_writable_dir(path: Path, what: str) -> None:
 
 
 def launch(
-    run_dir: Path, command: list[str], cwd: Path, env: dict[str, str], oom_score_adj: int, marker: str
+    run_dir: Path,
+    command: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    oom_score_adj: int,
+    marker: str,
+    cgroup_procs: Path | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start the keeper, detached from this process's session. The caller must hold the run dir's lock."""
+    """Start the keeper, detached from this process's session. The caller must hold the run dir's lock. With
+    `cgroup_procs`, the keeper moves the trainer into that cgroup before it executes (the keeper stays out)."""
     full_env = {**os.environ, **env, ENV_MARKER: marker}
+    cgroup = ["--cgroup-procs", str(cgroup_procs)] if cgroup_procs is not None else []
     keeper_log = (run_dir / KEEPER_LOG).open("ab")
     try:
         keeper = subprocess.Popen(
@@ -159,6 +167,7 @@ def launch(
                 str(run_dir),
                 "--oom-score-adj",
                 str(oom_score_adj),
+                *cgroup,
                 "--",
                 *command,
             ],
@@ -214,6 +223,15 @@ def _set_oom_score_adj(value: int) -> None:
         handle.write(str(value))
 
 
+def _before_exec(adj: int, cgroup_procs: Path | None) -> None:
+    """In the trainer's process, before it executes: its OOM score, and its own memory cgroup. A cgroup that
+    refuses it fails the start (recorded as such): the run's memory limit is a promise, not a wish."""
+    _set_oom_score_adj(adj)
+    if cgroup_procs is not None:
+        with open(cgroup_procs, "w") as handle:
+            handle.write(str(os.getpid()))
+
+
 def _read_oom_score_adj(pid: int) -> int | None:
     try:
         return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
@@ -226,6 +244,7 @@ def keeper_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="daedalus-trainer-keeper")
     parser.add_argument("--dir", type=Path, required=True)
     parser.add_argument("--oom-score-adj", type=int, required=True)
+    parser.add_argument("--cgroup-procs", type=Path, default=None)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = [c for c in args.command if c != "--"] if args.command[:1] == ["--"] else args.command
@@ -233,6 +252,7 @@ def keeper_main(argv: list[str] | None = None) -> int:
     # The keeper must not die with its session's terminal or with a stray SIGTERM meant for the trainer.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     adj = args.oom_score_adj
+    cgroup_procs: Path | None = args.cgroup_procs
     with (run_dir / LOG_FILE).open("ab") as log:
         try:
             trainer = subprocess.Popen(
@@ -241,9 +261,9 @@ def keeper_main(argv: list[str] | None = None) -> int:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=lambda: _set_oom_score_adj(adj),  # the keeper is single-threaded: safe
+                preexec_fn=lambda: _before_exec(adj, cgroup_procs),  # the keeper is single-threaded: safe
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             write_json_atomic(
                 run_dir / EXIT_FILE,
                 {"returncode": 127, "ended_at": datetime.now(UTC).isoformat(), "error": str(exc)},

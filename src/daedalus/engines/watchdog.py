@@ -3,7 +3,12 @@
 One call of `supervise_segment` watches one incarnation for up to `report_interval_s` and returns what it saw;
 the workflow calls it again and again, so every call is also the re-attach path. Everything a later call needs
 lives in the incarnation's state dir: `trainer.json`/`exit.json` (the keeper), `stop.json` (our stop, written
-before the first signal, so a restarted watchdog still knows a death was ours), `curve.csv` (the samples).
+before the first signal, so a restarted watchdog still knows a death was ours), `curve.csv` (the samples),
+`cgroup.json` (the trainer's own memory cgroup, when the run has a memory limit), `progress.json` (what the
+trainer writes of its steps) and `progress.csv` (the steps as the watchdog saw them change).
+
+Between samples the watchdog sleeps on the kernel's memory notifications (engines/pressure.py): a trainer
+that allocates gigabytes a second is sampled the moment its cgroup crosses the threshold, not at the next tick.
 """
 
 from __future__ import annotations
@@ -29,10 +34,12 @@ import structlog
 from daedalus.engines import trainer_process as tp
 from daedalus.engines.memory import (
     MAX_FIT_POINTS,
+    MIB,
     MemoryReader,
     Nvml,
     OomCounters,
     SlopeFit,
+    TrainerCgroup,
     cgroup_oom_file,
     fit_slope,
     kernel_log_oom,
@@ -40,6 +47,7 @@ from daedalus.engines.memory import (
     read_psi_some_avg10,
     reader_for,
 )
+from daedalus.engines.pressure import PSI_MEMORY, MemoryEvents
 from daedalus.errors import TrainingInputError
 from daedalus.schemas.training import (
     GIB,
@@ -47,6 +55,8 @@ from daedalus.schemas.training import (
     Death,
     DeathClass,
     MemoryReading,
+    MemorySource,
+    ProgressReading,
     SegmentReport,
     StopReason,
     SuperviseInput,
@@ -60,8 +70,14 @@ STOP_FILE = "stop.json"
 DEATH_FILE = "death.json"
 CURVE_FILE = "curve.csv"
 OOM_BASELINE_FILE = "oom_kills.start"
+PROGRESS_FILE = "progress.json"
+PROGRESS_LOG = "progress.csv"
 LOG_TAIL_BYTES = 16_000
 LAUNCH_WAIT_S = 15.0
+STOP_POLL_S = 0.02
+"""While stopping: how often the watchdog looks for the checkpoint it asked for (then SIGTERM at once)."""
+SPURIOUS_WAKEUPS = 100
+"""Readiness with nothing to drain this many times in a row: the notifications are dropped for polling."""
 
 Heartbeat = Callable[[dict[str, object]], None]
 
@@ -223,6 +239,154 @@ def read_curve(path: Path) -> Iterator[Sample]:
                 continue
 
 
+# --- progress ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ProgressTracker:
+    """Steps and throughput from what the trainer writes to `DAEDALUS_PROGRESS_FILE` (`{"step": N}`, optionally
+    `"tokens": T`, rewritten whole as it goes). Each change is appended to the progress log, so a re-attached
+    watchdog keeps its window; the throughput is the change over the window's points, the ETA the steps left at it."""
+
+    path: Path
+    log: Path
+    window_s: float
+    target: int | None
+    points: deque[tuple[float, int, int | None]] = field(default_factory=deque)
+    _seen_ns: int = -1
+
+    def restore(self) -> None:
+        try:
+            lines = self.log.read_text().splitlines()
+        except OSError:
+            return
+        for line in lines:
+            parts = line.split(",")
+            with contextlib.suppress(ValueError, IndexError):
+                tokens = int(parts[2]) if parts[2] else None
+                self._add(float(parts[0]), int(parts[1]), tokens)
+
+    def read(self) -> ProgressReading | None:
+        """The trainer's progress now (None before it wrote any); a stat when nothing changed."""
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return self.reading()
+        if stat.st_mtime_ns != self._seen_ns:
+            self._seen_ns = stat.st_mtime_ns
+            try:
+                data = json.loads(self.path.read_text())
+                step = int(data["step"])
+                tokens = int(data["tokens"]) if data.get("tokens") is not None else None
+            except (OSError, ValueError, KeyError, TypeError):
+                return self.reading()  # torn or odd: keep what we had
+            if step >= 0 and (not self.points or step != self.points[-1][1]):
+                at = stat.st_mtime_ns / 1e9
+                self._add(at, step, tokens)
+                with self.log.open("a") as handle:
+                    handle.write(f"{at:.3f},{step},{'' if tokens is None else tokens}\n")
+        return self.reading()
+
+    def _add(self, at: float, step: int, tokens: int | None) -> None:
+        if self.points and step < self.points[-1][1]:
+            self.points.clear()  # a step count that went back: a new count, not negative throughput
+        self.points.append((at, step, tokens))
+        while len(self.points) > 2 and self.points[1][0] <= at - self.window_s:
+            self.points.popleft()
+
+    def reading(self) -> ProgressReading | None:
+        if not self.points:
+            return None
+        at, step, tokens = self.points[-1]
+        first_at, first_step, first_tokens = self.points[0]
+        span = at - first_at
+        rate = (step - first_step) / span if span > 0 else None
+        token_rate = (
+            (tokens - first_tokens) / span
+            if span > 0 and tokens is not None and first_tokens is not None
+            else None
+        )
+        eta = None
+        if self.target is not None and rate and step < self.target:
+            eta = (self.target - step) / rate
+        return ProgressReading(
+            at=datetime.fromtimestamp(at, UTC),
+            step=step,
+            target_steps=self.target,
+            steps_per_s=rate,
+            tokens_per_s=token_rate,
+            window_s=span if span > 0 else None,
+            eta_s=eta,
+        )
+
+
+# --- waking ------------------------------------------------------------------------------------------------
+
+
+class Waker:
+    """Sleep until the next sample is due or a kernel notification fires, whichever is first. The notifications'
+    epoll descriptor is watched by the event loop itself: nothing runs between them but the samples."""
+
+    def __init__(self, events: MemoryEvents | None):
+        self.events = events if events is not None and events.armed else None
+        self.fired: list[str] = []
+        self._flag = asyncio.Event()
+        self._spurious = 0
+        self._loop = asyncio.get_running_loop()
+        if self.events is not None:
+            self._loop.add_reader(self.events.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        assert self.events is not None
+        names = self.events.drain()
+        if names:
+            self._spurious = 0
+            self.fired += names
+            self._flag.set()
+            return
+        self._spurious += 1
+        if self._spurious >= SPURIOUS_WAKEUPS:
+            log.warning("memory notifications keep waking with nothing to read: polling instead")
+            self._loop.remove_reader(self.events.fileno())
+
+    async def wait(self, timeout_s: float) -> list[str]:
+        """The notifications that fired while waiting (empty: the timeout came first)."""
+        if not self._flag.is_set() and timeout_s > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._flag.wait(), timeout_s)
+        fired, self.fired = self.fired, []
+        self._flag.clear()
+        return fired
+
+    def close(self) -> None:
+        if self.events is not None:
+            with contextlib.suppress(ValueError, OSError):
+                self._loop.remove_reader(self.events.fileno())
+            self.events.close()
+
+
+def arm_events(policy: WatchdogPolicy, cgroup: TrainerCgroup | None, psi: Path = PSI_MEMORY) -> MemoryEvents:
+    """The kernel notifications this run's memory reading can use (see engines/pressure.py)."""
+    events = MemoryEvents()
+    if not policy.memory_events:
+        events.refused.append("memory_events is off in the run's watchdog policy")
+        return events
+    if cgroup is not None and policy.memory_source is MemorySource.CGROUP:
+        usage = cgroup.limit_bytes - policy.threshold_bytes
+        if cgroup.unified:
+            with contextlib.suppress(OSError):  # the throttle is a help, the notification the point
+                (cgroup.path / "memory.high").write_text(str(usage))
+            events.add_v2_events(cgroup.path)
+            events.add_psi(cgroup.path / "memory.pressure", policy.psi_trigger, f"({cgroup.path.name})")
+        else:
+            events.add_v1_threshold(cgroup.path, usage)
+            events.add_v1_pressure_level(cgroup.path)
+            events.add_psi(psi, policy.psi_trigger, "(host-wide)")
+    else:
+        events.add_psi(psi, policy.psi_trigger, "(host-wide)")
+    return events
+
+
 # --- supervision -------------------------------------------------------------------------------------------
 
 
@@ -282,8 +446,11 @@ class Supervisor:
         artifact_root: Path,
         heartbeat: Heartbeat,
         resume: dict[str, object] | None = None,
+        cgroup_root: Path | None = None,
     ):
         self.inp = inp
+        self.cgroup_root = cgroup_root
+        self.cgroup: TrainerCgroup | None = None
         self.spec = inp.spec
         self.policy = inp.spec.watchdog
         self.run_dir = run_dir_for(state_root, self.spec, inp.incarnation, inp.filing)
@@ -297,6 +464,15 @@ class Supervisor:
         self.last: Sample | None = None
         self.pruned: list[str] = []
         self.nvml: Nvml | None = None
+        self.progress = ProgressTracker(
+            self.run_dir / PROGRESS_FILE,
+            self.run_dir / PROGRESS_LOG,
+            self.spec.progress_window_s,
+            self.spec.target_steps,
+        )
+        self.wakeups: str | None = None
+        self._grid = time.monotonic()
+        self._streak_trigger = "a sample on the interval"
 
     # The segment --------------------------------------------------------------------------------------------
 
@@ -314,26 +490,36 @@ class Supervisor:
     async def _segment(self, deadline: float) -> SegmentReport:
         record, attached = await self._attach_or_launch()
         started_at = record.started_at if record else datetime.now(UTC)
+        self.progress.restore()
         if record is None:
             return self._report(started_at, None, attached, death=self._death(None, started_at))
-        reader = reader_for(self.policy, record.pid)
+        reader = reader_for(self.policy, record.pid, self.cgroup)
         self._restore_curve()
         if self.nvml is None:
             self.nvml = Nvml()
+        events = arm_events(self.policy, self.cgroup)
+        self.wakeups = events.describe(self.policy.sample_interval_s)
+        self._grid = time.monotonic()
+        waker = Waker(events)
         try:
             if self.inp.stop_requested and record.is_alive():
                 await self._graceful_stop(record, StopReason.REQUESTED)
+            woken: list[str] = []
             while record.is_alive() and time.monotonic() < deadline:
-                reason = self._sample(reader)
+                reason = self._sample(reader, woken)
                 self._prune()
                 self._beat(record)
                 if reason is not None:
                     await self._graceful_stop(record, reason)
                     break
-                await asyncio.sleep(self._until_next_tick())
+                # Below the threshold, the next sample confirms (or clears) it soon; else on the interval's grid.
+                wait = self.policy.confirm_s if self.rule.consecutive > 0 else self._until_next_tick()
+                woken = await waker.wait(min(wait, max(0.0, deadline - time.monotonic())))
         except asyncio.CancelledError:
             await self._on_cancel(record)
             raise
+        finally:
+            waker.close()
         if record.is_alive():
             return self._report(started_at, record, attached, death=None)
         return self._report(started_at, record, attached, death=self._death(record, started_at))
@@ -343,9 +529,17 @@ class Supervisor:
         intent = self.run_dir / tp.INTENT_FILE
         if intent.exists():
             # Launched before (by us or a predecessor): attach, or wait for the keeper's record.
+            self.cgroup = TrainerCgroup.load(self.run_dir)
             record = await asyncio.to_thread(tp.wait_for_record, self.run_dir, LAUNCH_WAIT_S)
             return record, True
         validate_spec(self.spec)
+        if self.policy.memory_limit_mib is not None:
+            self.cgroup = TrainerCgroup.make(
+                f"{self.spec.name}-{self.inp.incarnation}",
+                self.policy.memory_limit_mib * MIB,
+                self.cgroup_root,
+            )
+            self.cgroup.save(self.run_dir)
         self.preexisting = record_preexisting(
             self.spec.checkpoints, self.preexisting_file
         )  # before it writes
@@ -355,7 +549,10 @@ class Supervisor:
             **self.spec.env,
             "DAEDALUS_CHECKPOINT_DIR": str(self.spec.checkpoints.directory),
             "DAEDALUS_CHECKPOINT_EVERY": str(self.spec.checkpoints.every_steps),
+            "DAEDALUS_PROGRESS_FILE": str(self.run_dir / PROGRESS_FILE),
         }
+        if self.spec.target_steps is not None:
+            env["DAEDALUS_TARGET_STEPS"] = str(self.spec.target_steps)
         if self.inp.resume_from:
             env["DAEDALUS_RESUME_FROM"] = self.inp.resume_from
         tp.launch(
@@ -365,6 +562,7 @@ class Supervisor:
             env,
             self.policy.oom_score_adj,
             marker=f"{self.spec.name}#{self.inp.incarnation}",
+            cgroup_procs=self.cgroup.procs if self.cgroup is not None else None,
         )
         record = await asyncio.to_thread(tp.wait_for_record, self.run_dir, LAUNCH_WAIT_S)
         log.info(
@@ -373,8 +571,10 @@ class Supervisor:
         return record, False
 
     def _write_oom_baseline(self) -> None:
-        # The trainer inherits this process's memory cgroup; its OOM counter is read before the launch.
-        baseline = oom_counters(cgroup_oom_file(os.getpid()))
+        # The trainer's own cgroup, or else this process's (which the trainer inherits): its OOM counter is read
+        # before the launch.
+        own = self.cgroup.oom_file if self.cgroup is not None else None
+        baseline = oom_counters(own or cgroup_oom_file(os.getpid()))
         (self.run_dir / OOM_BASELINE_FILE).write_text(json.dumps(dataclasses.asdict(baseline)))
 
     def _restore_curve(self) -> None:
@@ -389,7 +589,7 @@ class Supervisor:
         if isinstance(consecutive, int):
             self.rule.consecutive = max(self.rule.consecutive, consecutive)
 
-    def _sample(self, reader: MemoryReader) -> StopReason | None:
+    def _sample(self, reader: MemoryReader, woken: list[str] | None = None) -> StopReason | None:
         sample = Sample(
             t=time.time(),
             available=reader.available_bytes(),
@@ -400,17 +600,28 @@ class Supervisor:
         append_sample(self.run_dir / CURVE_FILE, sample)
         self.last = sample
         self.samples += 1
-        return self.rule.observe(sample.t, sample.available)
+        self.progress.read()
+        before = self.rule.consecutive
+        reason = self.rule.observe(sample.t, sample.available)
+        if before == 0 and self.rule.consecutive > 0:
+            self._streak_trigger = f"woken by {'; '.join(woken)}" if woken else "a sample on the interval"
+        return reason
 
     def _until_next_tick(self) -> float:
         interval = self.policy.sample_interval_s
-        # Tick on a fixed grid so that sampling cost does not stretch the interval.
-        return max(0.0, interval - (time.time() % interval))
+        # Tick on a fixed grid from the segment's start, so that sampling cost (and a sample a notification
+        # woke in between) does not move the interval's ticks.
+        return max(0.0, interval - ((time.monotonic() - self._grid) % interval))
 
-    def _prune(self) -> None:
+    def _preexisting(self) -> frozenset[str]:
         if self.preexisting is None:  # an attached watchdog reads what the launching one recorded
             self.preexisting = record_preexisting(self.spec.checkpoints, self.preexisting_file)
-        self.pruned += [str(p) for p in prune_checkpoints(self.spec.checkpoints, self.preexisting)]
+        return self.preexisting
+
+    def _prune(self) -> None:
+        # Checkpoints the workflow still needs (an evaluation or a deployment decision waits on them) are spared.
+        spare = self._preexisting() | {Path(path).name for path in self.inp.keep}
+        self.pruned += [str(p) for p in prune_checkpoints(self.spec.checkpoints, spare)]
 
     def _beat(self, record: tp.TrainerRecord) -> None:
         self.heartbeat(
@@ -429,7 +640,10 @@ class Supervisor:
         """Checkpoint signal -> grace -> SIGTERM to the group -> grace -> SIGKILL to the group."""
         stop_path = self.run_dir / STOP_FILE
         if not stop_path.exists():
-            tp.write_json_atomic(stop_path, {"reason": reason.value, "at": datetime.now(UTC).isoformat()})
+            trigger = self._streak_trigger if reason is StopReason.THRESHOLD else reason.value
+            tp.write_json_atomic(
+                stop_path, {"reason": reason.value, "at": datetime.now(UTC).isoformat(), "trigger": trigger}
+            )
         log.info("stopping trainer", run=self.spec.name, pid=record.pid, reason=reason.value)
         before = latest_checkpoint(self.spec.checkpoints)
         if tp.signal_pid(record, signal.Signals[self.policy.checkpoint_signal]):
@@ -447,7 +661,7 @@ class Supervisor:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and record.is_alive() and not done():
             self.heartbeat({"incarnation": self.inp.incarnation, "stopping": True})
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(STOP_POLL_S)
 
     async def _on_cancel(self, record: tp.TrainerRecord) -> None:
         """A cancel from the workflow stops the trainer (group and all); a worker going away leaves it running
@@ -482,9 +696,14 @@ class Supervisor:
         exit_record = tp.ExitRecord.load(self.run_dir)
         stop = tp.read_json(self.run_dir / STOP_FILE)
         stop_reason = StopReason(str(stop["reason"])) if stop else None
+        stop_trigger = str(stop["trigger"]) if stop and stop.get("trigger") else None
         ended_at = exit_record.ended_at if exit_record else datetime.now(UTC)
         rc = exit_record.returncode if exit_record else None
         evidence, oom_kills = self._oom_evidence(record)
+        cgroup = self.cgroup or TrainerCgroup.load(self.run_dir)
+        peak = cgroup.peak_bytes() if cgroup is not None else None
+        if cgroup is not None:
+            cgroup.remove()  # its counters are read: nothing of the trainer is left in it
         cls, sig, summary = classify(rc, stop_reason, exit_record.error if exit_record else None, evidence)
         self._prune()  # the checkpoint written on our stop signal may push an older one out
         artifacts = self._keep_evidence()
@@ -510,6 +729,9 @@ class Supervisor:
             oom_score_adj=record.oom_score_adj if record else None,
             curve_path=artifacts[0],
             log_tail_path=artifacts[1],
+            stop_trigger=stop_trigger,
+            cgroup_peak_bytes=peak,
+            progress=self.progress.read(),  # what it wrote last, after the last sample too
         )
 
     def _oom_evidence(self, record: tp.TrainerRecord | None) -> tuple[list[str], int | None]:
@@ -569,6 +791,9 @@ class Supervisor:
             checkpoints_pruned=self.pruned,
             oom_score_adj=record.oom_score_adj if record else None,
             death=death,
+            progress=self.progress.read(),
+            checkpoints=[str(p) for p in complete_checkpoints(self.spec.checkpoints, self._preexisting())],
+            wakeups=self.wakeups,
         )
 
 
@@ -651,8 +876,15 @@ async def supervise_segment(
     artifact_root: Path,
     heartbeat: Heartbeat,
     resume: dict[str, object] | None = None,
+    cgroup_root: Path | None = None,
 ) -> SegmentReport:
-    """Start or re-attach to incarnation `inp.incarnation` and watch it for one report interval."""
+    """Start or re-attach to incarnation `inp.incarnation` and watch it for one report interval. `cgroup_root`: a
+    delegated cgroup v2 directory for a run's own memory cgroup (None: cgroup v1's memory controller)."""
     return await Supervisor(
-        inp, state_root=state_root, artifact_root=artifact_root, heartbeat=heartbeat, resume=resume
+        inp,
+        state_root=state_root,
+        artifact_root=artifact_root,
+        heartbeat=heartbeat,
+        resume=resume,
+        cgroup_root=cgroup_root,
     ).run()

@@ -145,10 +145,13 @@ def _cards(
     for run in training:
         slope = f", slope {fmt(run.slope, 3)} GiB/h" if run.slope is not None else ""
         deaths = len(run.deaths)
+        progress = f"; {run.progress[0]}" if run.progress is not None else ""
+        deployed = [e for e in run.deployments if e.detail.get("outcome") == "deployed"]
+        serving = f"; serving {Path(deployed[-1].detail['checkpoint']).name}" if deployed else ""
         cards.append(
             Card(
                 f"Training {run.run}",
-                f"{run.state.replace('_', ' ')}, {deaths} death{'s' * (deaths != 1)}{slope}",
+                f"{run.state.replace('_', ' ')}, {deaths} death{'s' * (deaths != 1)}{slope}{progress}{serving}",
                 "fail" if run.state in ("gave_up", "awaiting_decision") else "info",
             )
         )

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from statistics import median
 
+from daedalus.schemas.audit import AuditKind
 from daedalus.store.tables import (
     AuditEventRow,
     CampaignCellRow,
@@ -151,6 +152,23 @@ class TrainingView:
             if death.slope is not None:
                 return death.slope
         return None
+
+    @property
+    def progress(self) -> tuple[str, AuditEventRow] | None:
+        """The trainer's latest progress the trail carries (a death's, or an evaluation's), with its event."""
+        for event in reversed(self.events):
+            summary = event.detail.get("progress") or event.detail.get("trainer_progress")
+            if summary:
+                return summary, event
+        return None
+
+    @property
+    def evaluations(self) -> list[AuditEventRow]:
+        return [e for e in self.events if e.kind == AuditKind.EVALUATION.value]
+
+    @property
+    def deployments(self) -> list[AuditEventRow]:
+        return [e for e in self.events if e.kind == AuditKind.DEPLOYMENT.value]
 
 
 @dataclass

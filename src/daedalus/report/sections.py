@@ -192,6 +192,21 @@ def _training(report: Report, with_charts: bool) -> Section:
             f"| {cell(run.run)} | {run.state} | {len(run.deaths)} | {fmt(run.slope, 3)} | {cell(last)} |"
         )
     for run in report.training:
+        progress = run.progress
+        if progress is not None:
+            summary, event = progress
+            lines += ["", f"**{cell(run.run)}** progress: {cell(summary)} (as of {event.at:%Y-%m-%d %H:%M})"]
+        if run.evaluations:
+            lines += ["", f"**{cell(run.run)}** checkpoints evaluated:", ""]
+            lines += [f"- {cell(e.summary)}" for e in run.evaluations]
+        if run.deployments:
+            lines += ["", f"**{cell(run.run)}** deployments:", ""]
+            lines += [
+                f"- {cell(e.summary)} ({cell(e.actor)}, {e.at:%Y-%m-%d %H:%M}"
+                + (f", commit {cell(e.detail['commit'][:12])}" if e.detail.get("commit") else "")
+                + ")"
+                for e in run.deployments
+            ]
         if not run.deaths:
             continue
         lines += ["", f"**{cell(run.run)}** deaths:", ""]

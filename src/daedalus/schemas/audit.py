@@ -26,6 +26,8 @@ class AuditKind(StrEnum):
     TRAINING = "training"
     DEATH = "death"
     HUNT = "hunt"
+    EVALUATION = "evaluation"
+    DEPLOYMENT = "deployment"
 
 
 TEMPORAL_ACTOR = "temporal"
@@ -33,6 +35,9 @@ TEMPORAL_ACTOR = "temporal"
 CANCELLED_THROUGH = "cancelled_through"
 """Detail key of a close that Temporal's cancellation caused; the audit writer adds what Temporal recorded of
 it (`CANCEL_CLIENT`, `CANCEL_REASON`)."""
+WITHDRAWS_REQUEST = "withdraws_request"
+"""Detail key of an event that withdraws one pending request of its subject while the subject lives on (a
+training run's deployment proposal that gives way to its escalation); a close withdraws all that are left."""
 CANCEL_CLIENT = "cancel_requested_by_client"
 CANCEL_REASON = "cancel_reason"
 

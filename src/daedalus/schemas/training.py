@@ -13,6 +13,7 @@ from daedalus.decisions.schemas import Decision, DecisionRequest, DeskState, Dis
 from daedalus.ids import training_workflow_id
 from daedalus.schemas._base import Model, SpecModel
 from daedalus.schemas.audit import TrailState
+from daedalus.schemas.gates import GateResult, GateSpec, LeaseRecord, Verdict
 from daedalus.schemas.limits import DURATION_MAX_S, HOST_PATTERN, LIST_ITEMS, Line
 from daedalus.schemas.ticket import AgentName, ApprovalPolicy, EngineRef
 
@@ -32,6 +33,12 @@ class MemorySource(StrEnum):
     see GPU allocations, MemAvailable does."""
     PROCESS_TREE = "process_tree"
     """`budget_mib` minus the RSS of the trainer's process tree: hermetic, for tests and shared machines."""
+    CGROUP = "cgroup"
+    """`memory_limit_mib` minus the usage of the trainer's own memory cgroup (what the kernel's OOM killer of
+    that cgroup counts): for a run given a memory limit of its own."""
+
+
+PSI_TRIGGER_PATTERN = r"^(some|full) [1-9][0-9]{0,8} [1-9][0-9]{0,8}$"
 
 
 class WatchdogPolicy(SpecModel):
@@ -61,6 +68,33 @@ class WatchdogPolicy(SpecModel):
     checkpoint_grace_s: float = Field(default=60.0, ge=0, le=DURATION_MAX_S)
     term_grace_s: float = Field(default=30.0, ge=0, le=DURATION_MAX_S)
     oom_score_adj: int = Field(default=800, ge=-1000, le=1000)
+    memory_limit_mib: int | None = Field(
+        default=None,
+        gt=0,
+        le=2**40,
+        description="run the trainer in a memory cgroup of its own with this limit (cgroup v1's memory "
+        "controller, or a delegated cgroup v2 directory): the kernel's OOM killer then acts inside it, never on "
+        "the host's other processes; None = no cgroup of its own",
+    )
+    memory_events: bool = Field(
+        default=True,
+        description="also wake between samples on the kernel's memory notifications (the trainer cgroup's "
+        "usage crossing the threshold, a PSI trigger); False = sample on the interval only",
+    )
+    psi_trigger: str = Field(
+        default="some 150000 1000000",
+        pattern=PSI_TRIGGER_PATTERN,
+        description="the PSI trigger written to /proc/pressure/memory (as systemd-oomd does): stall "
+        "microseconds in a window of microseconds; without CAP_SYS_RESOURCE the kernel accepts only 2 s windows, "
+        "and the watchdog then scales it to one",
+    )
+    confirm_interval_s: float | None = Field(
+        default=None,
+        ge=0.01,
+        le=60,
+        description="after a sample below the threshold (or a kernel notification), take the next one this "
+        "soon, so N consecutive samples do not take N intervals; None = sample_interval_s",
+    )
     report_interval_s: float = Field(
         default=30.0,
         gt=0,
@@ -79,6 +113,19 @@ class WatchdogPolicy(SpecModel):
     def _consistent(self) -> WatchdogPolicy:
         if self.memory_source is MemorySource.PROCESS_TREE and self.budget_mib is None:
             raise ValueError("memory_source 'process_tree' needs budget_mib (the trainer's memory budget)")
+        if self.memory_source is MemorySource.CGROUP and self.memory_limit_mib is None:
+            raise ValueError(
+                "memory_source 'cgroup' needs memory_limit_mib (the limit of the trainer's cgroup)"
+            )
+        if (
+            self.memory_source is MemorySource.CGROUP
+            and self.memory_limit_mib is not None
+            and self.min_available_gib * 1024 >= self.memory_limit_mib
+        ):
+            raise ValueError(
+                f"min_available_gib {self.min_available_gib} GiB is not below memory_limit_mib "
+                f"{self.memory_limit_mib} MiB: the run would be stopped at once; lower the threshold or raise the limit"
+            )
         if self.budget_mib is not None and self.min_available_gib * 1024 >= self.budget_mib:
             raise ValueError(
                 f"min_available_gib {self.min_available_gib} GiB is not below budget_mib {self.budget_mib} MiB: "
@@ -93,6 +140,11 @@ class WatchdogPolicy(SpecModel):
     @property
     def threshold_bytes(self) -> int:
         return int(self.min_available_gib * GIB)
+
+    @property
+    def confirm_s(self) -> float:
+        """How soon the sample after one below the threshold comes."""
+        return self.confirm_interval_s if self.confirm_interval_s is not None else self.sample_interval_s
 
 
 class CheckpointPolicy(SpecModel):
@@ -147,6 +199,84 @@ class HuntPolicy(SpecModel):
     )
 
 
+DOTTED_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*){0,7}$"
+BRANCH_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$"
+
+
+class DeploymentPolicy(SpecModel):
+    """Where a checkpoint that clears the evaluation's bar goes once a decider approves: one value of a serving
+    preset in a serving-config git repository, changed by a commit the host makes (trailer
+    `Daedalus-Deployment: <request id>`, so a retried deployment never commits twice)."""
+
+    repo: Path = Field(description="the serving-config repository's working tree on the host")
+    preset: str = Field(
+        min_length=1, max_length=255, description="the preset file, relative to the repository's root"
+    )
+    key: str = Field(
+        default="speculative.model",
+        pattern=DOTTED_KEY_PATTERN,
+        description="the preset's field the checkpoint goes into, dotted (`speculative.model`, `draft.model`)",
+    )
+    value: Line = Field(
+        default="{checkpoint}",
+        min_length=1,
+        description="what the field is set to; {checkpoint}, {step} and {run} are filled in",
+    )
+    branch: str | None = Field(
+        default=None, pattern=BRANCH_PATTERN, description="the branch that must be checked out; None = any"
+    )
+    host: str | None = Field(
+        default=None, pattern=HOST_PATTERN, description="the host whose checkout it is; None = the run's host"
+    )
+
+    @field_validator("preset")
+    @classmethod
+    def _inside_the_repository(cls, preset: str) -> str:
+        parts = Path(preset).parts
+        if Path(preset).is_absolute() or ".." in parts or not parts:
+            raise ValueError(
+                f"preset {preset!r} must be a path inside the repository (relative, without '..')"
+            )
+        return preset
+
+    def filled(self, *, checkpoint: str, step: int | None, run: str) -> str:
+        """The value with its placeholders filled in."""
+        return (
+            self.value.replace("{checkpoint}", checkpoint)
+            .replace("{step}", "" if step is None else str(step))
+            .replace("{run}", run)
+        )
+
+
+class EvaluationPolicy(SpecModel):
+    """What is measured of every complete checkpoint, and the bar it must clear: a gate whose command prints one
+    `GateMeasurement` line (`kind: ab` for a drafter's acceptance length against a baseline), run on the run's
+    host confined as a ticket's gate is, with `DAEDALUS_CHECKPOINT` naming the checkpoint's directory (read-only)
+    and `DAEDALUS_CHECKPOINT_STEP` its step."""
+
+    gate: GateSpec
+    deploy: DeploymentPolicy | None = Field(
+        default=None, description="propose a checkpoint that clears the bar for this serving preset"
+    )
+    max_waiting: int = Field(
+        default=2,
+        ge=1,
+        le=20,
+        description="checkpoints kept waiting for their evaluation (never pruned meanwhile), besides the one "
+        "being evaluated; when more come, the oldest waiting are skipped, and the next evaluation names them",
+    )
+
+    def describe(self) -> str:
+        deploy = (
+            f"; a checkpoint that clears it (and beats every one proposed before) is proposed for "
+            f"{self.deploy.preset} in {self.deploy.repo} ({self.deploy.key}), changed by a commit once a decider "
+            f"approves"
+            if self.deploy is not None
+            else ""
+        )
+        return f"evaluates every complete checkpoint confined: {self.gate.command!r}, bar {self.gate.describe()}{deploy}"
+
+
 class TrainingRunSpec(SpecModel):
     """A training run as filed (`daedalus train start -f run.yaml`)."""
 
@@ -169,6 +299,18 @@ class TrainingRunSpec(SpecModel):
     history_limit: int = Field(
         default=2000, ge=100, le=9000, description="continue-as-new past this many events"
     )
+    target_steps: int | None = Field(
+        default=None,
+        ge=1,
+        le=10**12,
+        description="the step the run trains to: the ETA is to it (passed to the trainer as DAEDALUS_TARGET_STEPS)",
+    )
+    progress_window_s: float = Field(
+        default=120.0, gt=0, le=DURATION_MAX_S, description="throughput is measured over this much progress"
+    )
+    evaluation: EvaluationPolicy | None = Field(
+        default=None, description="measure every complete checkpoint, and propose the ones that clear a bar"
+    )
 
     @property
     def workflow_id(self) -> str:
@@ -181,10 +323,15 @@ class TrainingRunSpec(SpecModel):
             return path if path.is_absolute() else (base / path.expanduser()).resolve()
 
         checkpoints = self.checkpoints.model_copy(update={"directory": absolute(self.checkpoints.directory)})
+        evaluation = self.evaluation
+        if evaluation is not None and evaluation.deploy is not None:
+            deploy = evaluation.deploy.model_copy(update={"repo": absolute(evaluation.deploy.repo)})
+            evaluation = evaluation.model_copy(update={"deploy": deploy})
         return self.model_copy(
             update={
                 "cwd": absolute(self.cwd),
                 "checkpoints": checkpoints,
+                "evaluation": evaluation,
                 "state_dir": absolute(self.state_dir) if self.state_dir is not None else None,
                 "artifact_dir": absolute(self.artifact_dir) if self.artifact_dir is not None else None,
             }
@@ -207,6 +354,12 @@ class TrainingRunSpec(SpecModel):
                 f"restarts the trainer after a death; the {self.restart.escalate_after_deaths}th death escalates "
                 f"and opens a hunting ticket for {self.hunt.agent.value}"
             )
+        if self.watchdog.memory_limit_mib is not None:
+            lines.append(
+                f"runs the trainer in a memory cgroup of its own, limited to {self.watchdog.memory_limit_mib} MiB"
+            )
+        if self.evaluation is not None:
+            lines.append(self.evaluation.describe())
         return lines
 
 
@@ -265,6 +418,166 @@ class MemoryReading(Model):
         return self.available_bytes / GIB
 
 
+def format_duration(seconds: float) -> str:
+    """A duration as a person reads it: `45 s`, `6 min 5 s`, `3 h 12 min`, `2 d 4 h`."""
+    total = max(0, round(seconds))
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes} min"
+    if minutes:
+        return f"{minutes} min {secs} s"
+    return f"{secs} s"
+
+
+class ProgressReading(Model):
+    """How far the trainer is, from what it writes to `DAEDALUS_PROGRESS_FILE` (`{"step": N, "tokens": T}`),
+    with its throughput over the run's progress window and the ETA to its target steps at that throughput."""
+
+    at: datetime = Field(description="when the trainer last wrote its progress")
+    step: int = Field(ge=0)
+    target_steps: int | None = None
+    steps_per_s: float | None = Field(default=None, description="steps over the window / its span")
+    tokens_per_s: float | None = Field(default=None, description="when the trainer counts tokens")
+    window_s: float | None = Field(default=None, description="the span the throughput was measured over")
+    eta_s: float | None = Field(default=None, description="(target - step) / steps_per_s; None without both")
+
+    def summary(self) -> str:
+        """`step 120 / 300 (40%), 2.41 steps/s (1,234 tok/s) over 60 s, ETA 1 min 15 s`."""
+        parts = [f"step {self.step:,}"]
+        if self.target_steps:
+            parts[0] += f" / {self.target_steps:,} ({100 * self.step / self.target_steps:.0f}%)"
+        if self.steps_per_s is not None:
+            rate = f"{self.steps_per_s:.3g} steps/s"
+            if self.tokens_per_s is not None:
+                rate += f" ({self.tokens_per_s:,.0f} tok/s)"
+            if self.window_s is not None:
+                rate += f" over {format_duration(self.window_s)}"
+            parts.append(rate)
+        if self.eta_s is not None:
+            parts.append(f"ETA {format_duration(self.eta_s)}")
+        elif self.target_steps and self.step >= self.target_steps:
+            parts.append("target reached")
+        return ", ".join(parts)
+
+
+class CheckpointEvaluation(Model):
+    """One complete checkpoint's evaluation, as the run keeps it (the whole verdict, samples and rule included, is
+    in the audit store's verdicts, so it can be re-derived there)."""
+
+    checkpoint: str
+    step: int | None = None
+    verdict: Verdict
+    rule: str
+    reason: str
+    score: float | None = Field(default=None, description="the candidate's median of the metric")
+    baseline: float | None = Field(default=None, description="the baseline's median, for an A/B bar")
+    median: float | None = Field(default=None, description="the judged median (the ratio, for an A/B bar)")
+    ci_low: float | None = None
+    ci_high: float | None = None
+    unit: str = ""
+    at: datetime
+    skipped: list[str] = Field(
+        default_factory=list, description="checkpoints that waited and were skipped for this newer one"
+    )
+
+    @property
+    def clears(self) -> bool:
+        return self.verdict is Verdict.PASS
+
+    @property
+    def name(self) -> str:
+        return Path(self.checkpoint).name
+
+    def summary(self) -> str:
+        """`ckpt-0000040 (step 40): PASS, 4.31 vs baseline 1.62 tokens/step, ratio 2.66 [2.50, 2.81]: rule ...`."""
+        step = f" (step {self.step})" if self.step is not None else ""
+        unit = f" {self.unit}" if self.unit else ""
+        measured = ""
+        if self.score is not None:
+            measured = f", {self.score:.3g}{unit}"
+            if self.baseline is not None:
+                measured = f", {self.score:.3g} vs baseline {self.baseline:.3g}{unit}"
+        judged = ""
+        if self.median is not None and self.ci_low is not None and self.ci_high is not None:
+            what = "ratio " if self.baseline is not None else "median "
+            judged = f", {what}{self.median:.3g} [{self.ci_low:.3g}, {self.ci_high:.3g}]"
+        return f"{self.name}{step}: {self.verdict.value}{measured}{judged} ({self.rule})"
+
+
+class DeploymentOutcome(StrEnum):
+    DEPLOYED = "deployed"
+    """Approved, and the preset's change committed."""
+    SKIPPED = "skipped"
+    """The decider chose not to deploy it."""
+    FAILED = "failed"
+    """Approved, but the commit could not be made (the reason says why)."""
+    WITHDRAWN = "withdrawn"
+    """The request was withdrawn before an answer (the run stopped, or escalated: then it is asked again)."""
+
+
+class Deployment(Model):
+    """What became of one checkpoint proposed for a serving preset."""
+
+    checkpoint: str
+    step: int | None = None
+    score: float | None = None
+    request_id: str | None = None
+    outcome: DeploymentOutcome
+    decided_by: str | None = None
+    commit: str | None = None
+    repo: str
+    preset: str
+    key: str
+    value: str | None = None
+    previous: str | None = None
+    at: datetime
+    summary: str
+
+
+class DeploymentInput(Model):
+    """The host's step after an approval: set the preset's field and commit it."""
+
+    run: str
+    policy: DeploymentPolicy
+    checkpoint: str
+    step: int | None = None
+    request_id: str
+    decided_by: str
+    evaluation: str = Field(description="the evaluation's one-line summary, for the commit message")
+
+
+class DeploymentResult(Model):
+    commit: str
+    file: str
+    key: str
+    value: str
+    previous: str | None = None
+    already: bool = Field(default=False, description="an earlier try had already committed it (the trailer)")
+
+
+class EvaluationInput(Model):
+    """Evaluate one complete checkpoint on the run's host."""
+
+    spec: TrainingRunSpec
+    checkpoint: str
+    step: int | None = None
+    filing: str = ""
+    lease: LeaseRecord | None = Field(
+        default=None, description="the run's GPU lease: the evaluation uses it too"
+    )
+
+
+class CheckpointEvaluated(Model):
+    """The host's answer: the checkpoint's step (from its state.json, else its name) and the gate's verdict."""
+
+    step: int | None = None
+    result: GateResult
+
+
 class Death(Model):
     """One incarnation's end, classified, with paths to its evidence (the curve and log tail live on disk)."""
 
@@ -286,6 +599,13 @@ class Death(Model):
     oom_score_adj: int | None = None
     curve_path: str | None = None
     log_tail_path: str | None = None
+    stop_trigger: str | None = Field(
+        default=None, description="our stop: what woke the sample that began the run below the threshold"
+    )
+    cgroup_peak_bytes: int | None = Field(
+        default=None, description="the peak usage of the trainer's own memory cgroup, where it had one"
+    )
+    progress: ProgressReading | None = None
 
 
 class SuperviseInput(Model):
@@ -297,6 +617,11 @@ class SuperviseInput(Model):
     resume_from: str | None = None
     filing: str = Field(
         default="", description="the workflow's first run id: a run name started again gets fresh state"
+    )
+    keep: list[str] = Field(
+        default_factory=list,
+        description="checkpoints the workflow still needs (waiting for evaluation or a deployment decision): "
+        "never pruned while listed",
     )
 
 
@@ -317,6 +642,11 @@ class SegmentReport(Model):
     checkpoints_pruned: list[str] = Field(default_factory=list)
     oom_score_adj: int | None = None
     death: Death | None = None
+    progress: ProgressReading | None = None
+    checkpoints: list[str] = Field(default_factory=list, description="the complete checkpoints, oldest first")
+    wakeups: str | None = Field(
+        default=None, description="what wakes the watchdog: the kernel notifications armed, or polling only"
+    )
 
 
 class InvisiblePlayer(Model):
@@ -389,6 +719,24 @@ class TrainingCarry(Model):
     trail: TrailState | None = Field(
         default=None, description="the audit trail's state; None in older carries"
     )
+    evaluations: list[CheckpointEvaluation] = Field(
+        default_factory=list, description="the latest evaluations (all of them are in the audit store)"
+    )
+    waiting: list[str] = Field(default_factory=list, description="complete checkpoints not evaluated yet")
+    seen: list[str] = Field(
+        default_factory=list, description="the latest checkpoints evaluated or skipped: never queued again"
+    )
+    candidate: CheckpointEvaluation | None = Field(
+        default=None, description="the best evaluation that cleared the bar and was not proposed yet"
+    )
+    proposing: CheckpointEvaluation | None = Field(
+        default=None, description="the evaluation whose deployment decision is pending"
+    )
+    proposed_best: float | None = Field(default=None, description="the best score proposed so far")
+    deployments: list[Deployment] = Field(default_factory=list, description="the latest deployment outcomes")
+    skipped: list[str] = Field(
+        default_factory=list, description="waiting checkpoints skipped since the last evaluation"
+    )
     # Carries written before the desk and the trail held these; read (never written) by TrainingRunWorkflow.
     pending_decision: DecisionRequest | None = None
     decisions: list[Decision] = Field(default_factory=list)
@@ -434,3 +782,8 @@ class TrainingRunStatus(Model):
     started_by: str = Field(default="cli", description="who started the run")
     continued: int = 0
     audit_seq: int = Field(default=0, description="the last audit event the store holds")
+    progress: ProgressReading | None = None
+    wakeups: str | None = None
+    evaluations: list[CheckpointEvaluation] = Field(default_factory=list)
+    waiting_evaluation: list[str] = Field(default_factory=list)
+    deployments: list[Deployment] = Field(default_factory=list)

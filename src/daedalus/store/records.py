@@ -14,7 +14,7 @@ from sqlalchemy import Connection, Table, bindparam, insert, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
-from daedalus.schemas.audit import AuditEvent, AuditKind, AuditRecord
+from daedalus.schemas.audit import WITHDRAWS_REQUEST, AuditEvent, AuditKind, AuditRecord
 from daedalus.schemas.ticket import TicketStatus
 from daedalus.store import chain, seals
 from daedalus.store.seals import AuditKey
@@ -41,7 +41,7 @@ WITHDRAW = (
     .where(
         _DECISIONS.c.request_id.in_(bindparam("requests", expanding=True)), _DECISIONS.c.decided_at.is_(None)
     )
-    .values(note="withdrawn: closed without an answer", decided_at=bindparam("at"))
+    .values(note=bindparam("note"), decided_at=bindparam("at"))
 )
 
 
@@ -91,6 +91,10 @@ def _write(session: Session, record: AuditRecord, key: AuditKey) -> None:
     _record_decision(connection, record)
     if record.ticket is None and event.kind is AuditKind.CLOSED:
         _withdraw_pending(connection, event.ticket_id, event.at)
+    if withdrawn := event.detail.get(WITHDRAWS_REQUEST):
+        connection.execute(
+            WITHDRAW, {"requests": [withdrawn], "at": event.at, "note": f"withdrawn: {event.summary}"}
+        )
     for result in record.gate_results:
         session.add(
             VerdictRow(
@@ -154,7 +158,9 @@ def _withdraw_pending(connection: Connection, subject: str, at: datetime) -> Non
     asked = connection.execute(ASKED, {"subject": subject}).scalars()
     requests = [detail["request"] for detail in asked if "request" in detail]
     if requests:
-        connection.execute(WITHDRAW, {"requests": requests, "at": at})
+        connection.execute(
+            WITHDRAW, {"requests": requests, "at": at, "note": "withdrawn: closed without an answer"}
+        )
 
 
 def _record_decision(connection: Connection, record: AuditRecord) -> None:

@@ -10,6 +10,20 @@ Every transition (started/restarted, each death, hunting ticket opened, escalati
 is one audit event with subject `training-<name>`, written by `record_audit_event` on the workflow's own
 (control) queue and idempotent on (first run id, seq); the seq counter travels in the carry across
 continue-as-new, because the first run id stays the same along the chain.
+
+A run with an `evaluation` (patch `EVALUATION_PATCH`) measures every complete checkpoint the watchdog reports,
+on its host and confined as a gate is (`evaluate_checkpoint`), one after another while the supervision goes on;
+each verdict is an audit event that carries the verdict itself. A checkpoint that clears the bar and beats every
+one proposed before is proposed for its serving preset: a deployment decision through the run's decision desk,
+asked while the trainer goes on, and on approval a commit the host makes in the serving-config repository
+(`deploy_checkpoint`), recorded with its sha. The desk holds one request at a time: an escalation withdraws a
+pending deployment request and the proposal is asked again once the escalation is answered. A run that
+finishes evaluates its last checkpoints and waits for a pending deployment decision before it closes.
+
+Only the run's one coroutine issues commands: it waits for its segment, an evaluation's end or a deployment's
+answer, whichever comes first, and acts on it (`_evaluation_turn`). A second coroutine issuing activities and
+timers beside it would order its commands by when local activities (the audit writes) resolve, which a replay
+may group differently, and fail the replay.
 """
 
 from __future__ import annotations
@@ -25,12 +39,18 @@ from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
-    from daedalus.activities.refs import SUPERVISE_TRAINING, TRAINING_HOST_REPORT
+    from daedalus.activities.refs import (
+        DEPLOY_CHECKPOINT,
+        EVALUATE_CHECKPOINT,
+        SUPERVISE_TRAINING,
+        TRAINING_HOST_REPORT,
+    )
     from daedalus.decisions.desk import DecisionDesk, Waiting
     from daedalus.decisions.schemas import (
         Decision,
         DecisionKind,
         Delegation,
+        DeploymentOption,
         DeskState,
         DispatchOption,
         DispatchRule,
@@ -41,15 +61,23 @@ with workflow.unsafe.imports_passed_through():
     from daedalus.hosts.leases import LeaseRequest
     from daedalus.ids import host_queue, ticket_workflow_id
     from daedalus.schemas import search_attributes as sa
-    from daedalus.schemas.audit import AuditKind, TrailState
-    from daedalus.schemas.gates import LeaseRecord
+    from daedalus.schemas.audit import WITHDRAWS_REQUEST, AuditKind, TrailState
+    from daedalus.schemas.gates import METRIC_DIRECTIONS, Direction, GateResult, LeaseRecord, Verdict
     from daedalus.schemas.ticket import AgentSpec, TicketInput, TicketKind, TicketSpec
     from daedalus.schemas.training import (
         COUNTED_DEATHS,
+        CheckpointEvaluated,
+        CheckpointEvaluation,
         Death,
         DeathClass,
+        Deployment,
+        DeploymentInput,
+        DeploymentOutcome,
+        DeploymentPolicy,
+        EvaluationInput,
         HostReport,
         HostReportInput,
+        ProgressReading,
         RunState,
         SegmentReport,
         StopTraining,
@@ -61,7 +89,7 @@ with workflow.unsafe.imports_passed_through():
     from daedalus.schemas.ui import start_details, start_summary
     from daedalus.workflows.lease_helpers import holding_lease
     from daedalus.workflows.patches import PatchesAtStart
-    from daedalus.workflows.steps import StepFailed, Steps, history_is_long
+    from daedalus.workflows.steps import StepFailed, Steps, failed_step, history_is_long
     from daedalus.workflows.ticket_rules import tree_commands
     from daedalus.workflows.trail import AuditTrail
 
@@ -85,6 +113,42 @@ TRAINING_LEASE_PRIORITY = 30
 """Below a gate's 50: a long run yields to measurements queued behind it only by the keeper's aging rule, and a
 tenant of higher priority may revoke it (hosts/leases.py)."""
 ENDED = (RunState.STOPPED, RunState.FINISHED, RunState.GAVE_UP)
+EVALUATION_PATCH = "training-checkpoint-evaluation"
+"""Runs report their progress, evaluate their checkpoints and propose the ones that clear the bar for a serving
+preset (`spec.evaluation`). Asked in the run's first activation (patches.py says why there); histories recorded
+before it (every stored training-*.json) have no evaluation and replay without it."""
+EVALUATIONS_KEPT = 20
+"""Evaluations and deployments the run keeps in its state (the store keeps them all)."""
+SEEN_KEPT = 64
+"""Checkpoints remembered as evaluated or skipped, so a report listing them again never queues them twice."""
+DEPLOY_TIMEOUT = timedelta(seconds=120)
+EVALUATION_ALLOWANCE_S = 120
+"""Beyond the evaluation gate's own timeout: the sandbox's start, the verdict."""
+
+
+def median(values: list[float]) -> float | None:
+    """The median, without numpy (workflow code)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        return None
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
+def progress_detail(progress: ProgressReading | None) -> dict[str, str]:
+    """A progress reading as audit detail, for the report (which reads the store, never the workflow)."""
+    if progress is None:
+        return {}
+    detail = {"step": str(progress.step), "progress": progress.summary()}
+    if progress.target_steps is not None:
+        detail["target_steps"] = str(progress.target_steps)
+    if progress.steps_per_s is not None:
+        detail["steps_per_s"] = f"{progress.steps_per_s:.4g}"
+    if progress.tokens_per_s is not None:
+        detail["tokens_per_s"] = f"{progress.tokens_per_s:.4g}"
+    if progress.eta_s is not None:
+        detail["eta_s"] = f"{progress.eta_s:.0f}"
+    return detail
 
 
 def hunting_ticket_id(run: str, escalation: int) -> str:
@@ -142,6 +206,12 @@ class TrainingRunWorkflow:
         self.steps = Steps(lambda: False)
         self.gpus = inp.gpus
         self.lease: LeaseRecord | None = None
+        self.evaluating = False
+        """EVALUATION_PATCH is on and the run has an evaluation: checkpoints are evaluated and proposed."""
+        self._run_over = False
+        self._evaluation: workflow.ActivityHandle[CheckpointEvaluated] | None = None
+        self._evaluating_now: str | None = None
+        self._deployment_answered = False
         self.trail.begin()
 
     # ---- queries, updates, signals --------------------------------------------------------------------
@@ -170,11 +240,19 @@ class TrainingRunWorkflow:
             continued=self.c.continued,
             audit_seq=self.trail.written_seq,
             started_by=self.started_by,
+            progress=report.progress if report else None,
+            wakeups=report.wakeups if report else None,
+            evaluations=self.c.evaluations,
+            waiting_evaluation=self.c.waiting,
+            deployments=self.c.deployments,
         )
 
     @workflow.update
     def decide(self, decision: Decision) -> TrainingRunStatus:
-        """Answer the pending escalation; the validator has checked id, option and authority."""
+        """Answer the pending request; the validator has checked id, option and authority."""
+        pending = self.desk.pending
+        if pending is not None and pending.kind is DecisionKind.DEPLOYMENT:
+            self._deployment_answered = True  # the run's loop acts on it between its steps
         self.desk.answer(decision)
         return self.status()
 
@@ -202,7 +280,7 @@ class TrainingRunWorkflow:
 
     @stop.validator
     def _validate_stop(self, request: StopTraining) -> None:
-        if self.c.state in ENDED:
+        if self.c.state in ENDED and not (self._run_over and self.evaluating and self.c.stop is None):
             raise ValueError(f"training run {self.spec.name} has already ended ({self.c.state.value})")
 
     @workflow.signal
@@ -216,6 +294,8 @@ class TrainingRunWorkflow:
     @workflow.run
     async def run(self, inp: TrainingRunInput) -> TrainingRunStatus:
         self.patches.decide()
+        # Decided by the spec first: a run without an evaluation records no marker for it.
+        self.evaluating = self.spec.evaluation is not None and workflow.patched(EVALUATION_PATCH)
         if inp.dispatch is not None and inp.dispatch.required and not await self._dispatched(inp.dispatch):
             await self.trail.record(AuditKind.CLOSED, self._ending(), actor=self._ended_by())
             return self.status()
@@ -228,6 +308,9 @@ class TrainingRunWorkflow:
                 if self.c.state is RunState.GAVE_UP:
                     await self.trail.record(AuditKind.CLOSED, f"gave up: {err.message}")
                 raise
+            if self.evaluating:
+                self._run_over = True  # a finished run evaluates what is left and waits for its proposal
+                await self._finish_evaluations()
         await self.trail.record(AuditKind.CLOSED, self._ending(), actor=self._ended_by())
         return self.status()
 
@@ -299,12 +382,15 @@ class TrainingRunWorkflow:
                 await self._audit_start(verb)
             report = await self._supervise()
             self._set(last_report=report)
+            if self.evaluating:
+                self._queue(report.checkpoints)
             if report.death is not None:
                 if self._record_death(report.death):
                     await self._audit_death(report.death)
                 if await self._after_death(report.death):
                     return
             if history_is_long(self.spec.history_limit):
+                # An evaluation in flight is dropped: its checkpoint, first in line, is evaluated again.
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 self._continue_as_new()
 
@@ -354,6 +440,7 @@ class TrainingRunWorkflow:
 
     async def _audit_death(self, death: Death, actor: str = "watchdog") -> None:
         detail: dict[str, Any] = {
+            **progress_detail(death.progress),
             "death_id": death.id,
             "incarnation": death.incarnation,
             "class": death.death_class.value,
@@ -366,6 +453,8 @@ class TrainingRunWorkflow:
             "curve": death.curve_path,
             "log_tail": death.log_tail_path,
             "death_counter": self.c.death_counter,
+            "stop_trigger": death.stop_trigger,
+            "cgroup_peak_bytes": death.cgroup_peak_bytes,
         }
         await self.trail.record(
             AuditKind.DEATH,
@@ -420,6 +509,7 @@ class TrainingRunWorkflow:
             stop_requested=self.c.stop is not None,
             resume_from=self._resume_from(),
             filing=workflow.info().first_execution_run_id,
+            keep=self._needed(),
         )
         budget = (
             policy.report_interval_s + policy.checkpoint_grace_s + policy.term_grace_s + LAUNCH_ALLOWANCE_S
@@ -439,6 +529,8 @@ class TrainingRunWorkflow:
                 ),
             )
             try:
+                if self.evaluating:
+                    await self._beside_the_segment(self.segment)
                 return await self.segment
             except asyncio.CancelledError:
                 if self.c.stop is None:
@@ -513,6 +605,12 @@ class TrainingRunWorkflow:
         number = self.c.escalations + 1
         ticket_id = hunting_ticket_id(self.spec.name, number)
         counted = [d for d in self.c.deaths if d.death_class in COUNTED_DEATHS][-self.c.death_counter :]
+        if self.evaluating:  # the desk asks one thing at a time: a deployment request waiting gives way
+            if self._deployment_answered:
+                await self._take_answer()  # answered as the segment ended: act on it first
+            await self._withdraw_proposal(
+                "withdrawn for the run's escalation; asked again after it", keep=True
+            )
         if ticket_id not in self.c.hunting_tickets:
             await self._open_hunting_ticket(ticket_id, counted)
             self._set(hunting_tickets=[*self.c.hunting_tickets, ticket_id])
@@ -597,3 +695,362 @@ class TrainingRunWorkflow:
             return
         # The decider restarts: the counter starts again, the next incarnation resumes from the checkpoint.
         self._set(death_counter=0, state=RunState.RESTARTING, incarnation=self.c.incarnation + 1)
+
+    # ---- evaluations and deployments (EVALUATION_PATCH) ------------------------------------------------
+
+    def _queue(self, checkpoints: list[str]) -> None:
+        """Queue the complete checkpoints not seen before; past `max_waiting` besides the one being evaluated,
+        the oldest waiting are skipped."""
+        evaluation = self.spec.evaluation
+        assert evaluation is not None
+        known = {*self.c.seen, *self.c.waiting}
+        new = [path for path in checkpoints if path not in known]
+        if not new:
+            return
+        busy = self._evaluating_now
+        rest = [path for path in [*self.c.waiting, *new] if path != busy]
+        cut = max(0, len(rest) - evaluation.max_waiting)
+        skipped, rest = rest[:cut], rest[cut:]
+        self._set(
+            waiting=[busy, *rest] if busy is not None else rest,
+            skipped=[*self.c.skipped, *skipped][-SEEN_KEPT:],
+            seen=[*self.c.seen, *skipped][-SEEN_KEPT:],
+        )
+
+    def _needed(self) -> list[str]:
+        """Checkpoints the watchdog must not prune: waiting for their evaluation or a deployment decision, or the
+        one deployed last."""
+        if not self.evaluating:
+            return []
+        needed = list(self.c.waiting)
+        for evaluation in (self.c.candidate, self.c.proposing):
+            if evaluation is not None and evaluation.checkpoint not in needed:
+                needed.append(evaluation.checkpoint)
+        # The checkpoint the serving preset points to now: pruning it would break what serves.
+        deployed = [d for d in self.c.deployments if d.outcome is DeploymentOutcome.DEPLOYED]
+        if deployed and deployed[-1].checkpoint not in needed:
+            needed.append(deployed[-1].checkpoint)
+        return needed
+
+    def _over(self) -> bool:
+        """The run will take its evaluations no further: a stop was asked, or it ended other than finished."""
+        return self.c.stop is not None or (self._run_over and self.c.state is not RunState.FINISHED)
+
+    def _turn_due(self) -> bool:
+        """Something for `_evaluation_turn` to act on: an evaluation ended, or a deployment was answered."""
+        return (self._evaluation is not None and self._evaluation.done()) or self._deployment_answered
+
+    async def _beside_the_segment(self, segment: workflow.ActivityHandle[SegmentReport]) -> None:
+        """While the segment runs, act on evaluations and deployment answers as they come."""
+        await self._evaluation_turn()
+        while True:
+            await workflow.wait_condition(lambda: segment.done() or self._turn_due())
+            if segment.done():
+                return
+            await self._evaluation_turn()
+
+    async def _evaluation_turn(self) -> None:
+        """Record an evaluation that ended, act on a deployment's answer, start the next evaluation, and propose
+        the best checkpoint that cleared the bar when the desk is free."""
+        evaluation = self._evaluation
+        if evaluation is not None and evaluation.done():
+            checkpoint = self._evaluating_now
+            assert checkpoint is not None
+            self._evaluation, self._evaluating_now = None, None
+            await self._record_evaluation(checkpoint, self._evaluated(evaluation))
+        if self._deployment_answered:
+            await self._take_answer()
+        if self._over():
+            return
+        if self._evaluation is None and self.c.waiting:
+            self._start_evaluation(self.c.waiting[0])
+        if (
+            (self.c.proposing is not None or self.c.candidate is not None)
+            and self.desk.pending is None
+            and self.c.state is not RunState.AWAITING_DECISION
+        ):
+            await self._propose()
+
+    async def _finish_evaluations(self) -> None:
+        """After the run: a finished run evaluates what is left and waits for its proposal's answer; a stopped
+        one withdraws its proposal and drops its evaluation."""
+        while not self._over():
+            if self._evaluation is not None:
+                await workflow.wait_condition(lambda: self._turn_due() or self._over())
+                if self._over():
+                    break
+            await self._evaluation_turn()
+            if self._evaluation is not None:
+                continue
+            pending = self.desk.pending
+            if pending is not None and pending.kind is DecisionKind.DEPLOYMENT:
+                # Nothing else left to do: wait for the answer, reminding as a ticket's decision is reminded.
+                reminder = (
+                    timedelta(seconds=self.spec.approval.reminder_interval_s) if self._notifies() else None
+                )
+                await self._take_answer(Waiting(reminder=reminder, interrupted=self._over))
+                continue
+            if not self.c.waiting and self.c.candidate is None and self.c.proposing is None:
+                return
+        if self._evaluation is not None:
+            self._evaluation.cancel()
+        self._set(waiting=[])
+        await self._withdraw_proposal("the run ended before a decision")
+
+    def _start_evaluation(self, checkpoint: str) -> None:
+        evaluation = self.spec.evaluation
+        assert evaluation is not None
+        gate = evaluation.gate
+        self._evaluating_now = checkpoint
+        self._evaluation = EVALUATE_CHECKPOINT.start(
+            EvaluationInput(
+                spec=self.spec,
+                checkpoint=checkpoint,
+                filing=workflow.info().first_execution_run_id,
+                lease=self.lease,
+            ),
+            task_queue=host_queue(self.spec.host),
+            start_to_close_timeout=timedelta(seconds=gate.timeout_s + EVALUATION_ALLOWANCE_S),
+            heartbeat_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=2)),
+            summary=f"evaluate {checkpoint.rsplit('/', 1)[-1]}: {gate.describe()}",
+        )
+
+    def _evaluated(self, evaluation: workflow.ActivityHandle[CheckpointEvaluated]) -> CheckpointEvaluated:
+        """The evaluation's answer; one that failed after its retries is an INVALID verdict saying why."""
+        try:
+            return evaluation.result()
+        except (ActivityError, asyncio.CancelledError) as error:
+            gate = self.spec.evaluation.gate if self.spec.evaluation is not None else None
+            assert gate is not None
+            return CheckpointEvaluated(
+                result=GateResult(
+                    gate=gate.name,
+                    metric=gate.metric,
+                    verdict=Verdict.INVALID,
+                    reason=f"the evaluation step failed: {failed_step(error).message}"
+                    if isinstance(error, ActivityError)
+                    else "the evaluation step was cancelled",
+                    rule=gate.describe(),
+                    method="command",
+                    host=self.spec.host,
+                    gate_spec=gate,
+                )
+            )
+
+    def _better(self, score: float, than: float | None) -> bool:
+        evaluation = self.spec.evaluation
+        assert evaluation is not None
+        if than is None:
+            return True
+        higher = METRIC_DIRECTIONS[evaluation.gate.metric] is Direction.HIGHER_IS_BETTER
+        return score > than if higher else score < than
+
+    async def _record_evaluation(self, checkpoint: str, outcome: CheckpointEvaluated) -> None:
+        evaluation = self.spec.evaluation
+        assert evaluation is not None
+        result = outcome.result
+        baseline = median(result.baseline_samples) if result.baseline_samples else None
+        evaluated = CheckpointEvaluation(
+            checkpoint=checkpoint,
+            step=outcome.step,
+            verdict=result.verdict,
+            rule=result.rule,
+            reason=result.reason,
+            score=median(result.samples),
+            baseline=baseline,
+            median=result.median,
+            ci_low=result.ci_low,
+            ci_high=result.ci_high,
+            unit=result.unit,
+            at=workflow.now(),
+            skipped=self.c.skipped,
+        )
+        candidate = self.c.candidate
+        if evaluation.deploy is not None and evaluated.clears and evaluated.score is not None:
+            best = self.c.proposed_best
+            for earlier in (candidate, self.c.proposing):
+                if earlier is not None and earlier.score is not None and self._better(earlier.score, best):
+                    best = earlier.score
+            if self._better(evaluated.score, best):
+                candidate = evaluated
+        self._set(
+            evaluations=[*self.c.evaluations, evaluated][-EVALUATIONS_KEPT:],
+            waiting=[path for path in self.c.waiting if path != checkpoint],
+            seen=[*self.c.seen, checkpoint][-SEEN_KEPT:],
+            skipped=[],
+            candidate=candidate,
+        )
+        report = self.c.last_report
+        detail = {
+            "checkpoint": checkpoint,
+            "verdict": result.verdict.value,
+            "rule": result.rule,
+            **({"step": str(outcome.step)} if outcome.step is not None else {}),
+            **({"score": f"{evaluated.score:.6g}"} if evaluated.score is not None else {}),
+            **({"baseline": f"{baseline:.6g}"} if baseline is not None else {}),
+            **({"skipped": ", ".join(evaluated.skipped)} if evaluated.skipped else {}),
+            **{f"trainer_{k}": v for k, v in progress_detail(report.progress if report else None).items()},
+        }
+        await self.trail.record(
+            AuditKind.EVALUATION,
+            f"evaluated {evaluated.summary()}" + ("" if evaluated.clears else f": {result.reason}"),
+            detail=detail,
+            gate_results=[result],
+        )
+
+    async def _propose(self) -> None:
+        """Ask the deciders about the best checkpoint that cleared the bar; the run goes on meanwhile."""
+        deploy = self._deploy_policy()
+        if self.c.proposing is None:
+            self._set(proposing=self.c.candidate, candidate=None)
+        proposing = self.c.proposing
+        assert proposing is not None
+        value = deploy.filled(checkpoint=proposing.checkpoint, step=proposing.step, run=self.spec.name)
+        question = (
+            f"Training run {self.spec.name}'s {proposing.name} cleared its evaluation: {proposing.summary()}. "
+            f"Switch {deploy.preset} in {deploy.repo} ({deploy.key}) to it?"
+        )
+        evidence = [
+            proposing.summary(),
+            f"{deploy.key} := {value}",
+            f"commit in {deploy.repo} on host {deploy.host or self.spec.host}"
+            + (f", branch {deploy.branch}" if deploy.branch else ""),
+        ]
+        self._deployment_answered = False
+        await self.desk.request(
+            DecisionKind.DEPLOYMENT, question, DeploymentOption, evidence, ticket_id=self.spec.workflow_id
+        )
+
+    async def _take_answer(self, waiting: Waiting | None = None) -> None:
+        """Record the deployment's answer (the desk has it) and act on it: skip, or the host's commit."""
+        self._deployment_answered = False
+        answer = await self.desk.wait(
+            DeploymentOption, waiting or Waiting(reminder=None, interrupted=self._over)
+        )
+        proposing = self.c.proposing
+        if answer is None or proposing is None:
+            return
+        if answer.option is DeploymentOption.SKIP:
+            await self._record_deployment(
+                proposing,
+                DeploymentOutcome.SKIPPED,
+                f"{answer.by} chose not to deploy it",
+                answer.decision.decided_by,
+                request_id=answer.decision.request_id,
+            )
+        else:
+            await self._deploy(proposing, answer.decision.request_id, answer.decision.decided_by)
+        best = self.c.proposed_best
+        if proposing.score is not None and self._better(proposing.score, best):
+            best = proposing.score
+        self._set(proposing=None, proposed_best=best)
+
+    async def _deploy(self, proposing: CheckpointEvaluation, request_id: str, decided_by: str) -> None:
+        deploy = self._deploy_policy()
+        done = await self.steps.on_host(
+            DEPLOY_CHECKPOINT,
+            DeploymentInput(
+                run=self.spec.name,
+                policy=deploy,
+                checkpoint=proposing.checkpoint,
+                step=proposing.step,
+                request_id=request_id,
+                decided_by=decided_by,
+                evaluation=proposing.summary(),
+            ),
+            host=deploy.host or self.spec.host,
+            timeout=DEPLOY_TIMEOUT,
+            heartbeat=None,
+            interruptible=False,
+            summary=f"deploy {proposing.name} to {deploy.preset}",
+        )
+        if isinstance(done, StepFailed):
+            await self._record_deployment(
+                proposing,
+                DeploymentOutcome.FAILED,
+                f"approved by {decided_by}, but the commit failed: {done.message}",
+                decided_by,
+                request_id=request_id,
+            )
+            return
+        await self._record_deployment(
+            proposing,
+            DeploymentOutcome.DEPLOYED,
+            f"{deploy.preset} {deploy.key}: {done.previous!r} -> {done.value!r}, commit {done.commit[:12]}"
+            + (" (made by an earlier try)" if done.already else ""),
+            decided_by,
+            request_id=request_id,
+            commit=done.commit,
+            value=done.value,
+            previous=done.previous,
+        )
+
+    async def _withdraw_proposal(self, why: str, *, keep: bool = False) -> None:
+        """Withdraw the pending deployment request (the store marks it so); `keep`: propose it again later."""
+        pending = self.desk.pending
+        request = pending.id if pending is not None and pending.kind is DecisionKind.DEPLOYMENT else None
+        if request is not None:
+            self.desk.withdraw()
+        proposing = self.c.proposing
+        if proposing is None or (keep and request is None):
+            return
+        if not keep:
+            self._set(proposing=None)
+        await self._record_deployment(proposing, DeploymentOutcome.WITHDRAWN, why, withdrawn=request)
+
+    def _deploy_policy(self) -> DeploymentPolicy:
+        evaluation = self.spec.evaluation
+        assert evaluation is not None and evaluation.deploy is not None
+        return evaluation.deploy
+
+    async def _record_deployment(
+        self,
+        evaluated: CheckpointEvaluation,
+        outcome: DeploymentOutcome,
+        summary: str,
+        decided_by: str | None = None,
+        *,
+        request_id: str | None = None,
+        commit: str | None = None,
+        value: str | None = None,
+        previous: str | None = None,
+        withdrawn: str | None = None,
+    ) -> None:
+        deploy = self._deploy_policy()
+        deployment = Deployment(
+            checkpoint=evaluated.checkpoint,
+            step=evaluated.step,
+            score=evaluated.score,
+            request_id=request_id or withdrawn,
+            outcome=outcome,
+            decided_by=decided_by.split(":")[0] if decided_by else None,
+            commit=commit,
+            repo=str(deploy.repo),
+            preset=deploy.preset,
+            key=deploy.key,
+            value=value,
+            previous=previous,
+            at=workflow.now(),
+            summary=summary,
+        )
+        self._set(deployments=[*self.c.deployments, deployment][-EVALUATIONS_KEPT:])
+        detail = {
+            "checkpoint": evaluated.checkpoint,
+            "outcome": outcome.value,
+            "repo": str(deploy.repo),
+            "preset": deploy.preset,
+            "key": deploy.key,
+            **({"step": str(evaluated.step)} if evaluated.step is not None else {}),
+            **({"request": request_id} if request_id else {}),
+            **({"commit": commit} if commit else {}),
+            **({"value": value} if value is not None else {}),
+            **({"previous": previous} if previous is not None else {}),
+            **({WITHDRAWS_REQUEST: withdrawn, "request": withdrawn} if withdrawn is not None else {}),
+        }
+        await self.trail.record(
+            AuditKind.DEPLOYMENT,
+            f"{evaluated.name} {outcome.value}: {summary}",
+            actor=deployment.decided_by or "daedalus",
+            detail=detail,
+        )
