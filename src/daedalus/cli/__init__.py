@@ -1,73 +1,114 @@
-"""The `daedalus` command: one typer app, one sub-app per domain."""
+"""The `daedalus` command: one typer app, one sub-app per domain.
+
+A command's module is imported only when that command runs: `daedalus decide` loads the ticket commands, not
+the engines, the report's plotting libraries or the API server, so a decider clearing a queue does not pay for
+them on each answer. `daedalus --help` (or no command) builds the whole app; so does importing `app`.
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import typer
+if TYPE_CHECKING:
+    import typer
 
-from daedalus.cli import (
-    api,
-    campaigns,
-    demo,
-    engines,
-    host_bundle,
-    hosts,
-    lessons,
-    reports,
-    stack,
-    tickets,
-    tokens,
-    training,
-    verdicts,
+HELP = "Durable, auditable tickets for an ML-inference team, on Temporal."
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One top-level command: `module.attribute`, a command function or a sub-app."""
+
+    name: str
+    module: str
+    attribute: str
+    sub_app: bool
+
+
+ENTRIES = (
+    Entry("up", "stack", "up", sub_app=False),
+    Entry("worker", "stack", "worker", sub_app=False),
+    Entry("decide", "tickets", "decide", sub_app=False),
+    Entry("delegate", "tickets", "delegate", sub_app=False),
+    Entry("audit", "tickets", "audit_app", sub_app=True),
+    Entry("report", "tickets", "report", sub_app=False),
+    Entry("report-schedule", "reports", "report_schedule", sub_app=False),
+    Entry("demo", "demo", "demo", sub_app=False),
+    Entry("ticket", "tickets", "app", sub_app=True),
+    Entry("engine", "engines", "app", sub_app=True),
+    Entry("train", "training", "app", sub_app=True),
+    Entry("api", "api", "app", sub_app=True),
+    Entry("token", "tokens", "app", sub_app=True),
+    Entry("hosts", "hosts", "app", sub_app=True),
+    Entry("host", "host_bundle", "app", sub_app=True),
+    Entry("lessons", "lessons", "app", sub_app=True),
+    Entry("campaign", "campaigns", "app", sub_app=True),
+    Entry("verdict", "verdicts", "app", sub_app=True),
 )
-from daedalus.cli._common import settings
-from daedalus.logs import configure_logging
-
-app = typer.Typer(
-    name="daedalus",
-    help="Durable, auditable tickets for an ML-inference team, on Temporal.",
-    no_args_is_help=True,
-    add_completion=False,
-)
+NAMES = frozenset(entry.name for entry in ENTRIES)
 
 
-@app.callback()
-def _settings() -> None:
-    """Durable, auditable tickets for an ML-inference team, on Temporal."""
-    settings.cache_clear()  # built afresh for each invocation (in-process runners invoke the app many times)
-    settings()  # once, before any command: a bad DAEDALUS_* value stops here with its name
+def build(only: str | None = None) -> typer.Typer:
+    """The app with every command, or with only the command `only` (the one being run)."""
+    import typer
+
+    from daedalus.cli._common import settings
+
+    app = typer.Typer(name="daedalus", help=HELP, no_args_is_help=True, add_completion=False)
+
+    @app.callback()
+    def _settings() -> None:
+        """Durable, auditable tickets for an ML-inference team, on Temporal."""
+        settings.cache_clear()  # built afresh for each invocation (in-process runners invoke the app many times)
+        settings()  # once, before any command: a bad DAEDALUS_* value stops here with its name
+
+    for entry in ENTRIES:
+        if only is not None and entry.name != only:
+            continue
+        found = getattr(importlib.import_module(f"daedalus.cli.{entry.module}"), entry.attribute)
+        if entry.sub_app:
+            app.add_typer(found, name=entry.name)
+        else:
+            app.command(entry.name)(found)
+    return app
 
 
-app.command()(stack.up)
-app.command()(stack.worker)
-app.command()(tickets.decide)
-app.command()(tickets.delegate)
-app.add_typer(tickets.audit_app, name="audit")
-app.command()(tickets.report)
-app.command("report-schedule")(reports.report_schedule)
-app.command()(demo.demo)
-tickets.app.command()(tickets.draft)
-app.add_typer(tickets.app, name="ticket")
-app.add_typer(engines.app, name="engine")
-app.add_typer(training.app, name="train")
-app.add_typer(api.app, name="api")
-app.add_typer(tokens.app, name="token")
-app.add_typer(hosts.app, name="hosts")
-app.add_typer(host_bundle.app, name="host")
-app.add_typer(lessons.app, name="lessons")
-app.add_typer(campaigns.app, name="campaign")
-app.add_typer(verdicts.app, name="verdict")
+def invoked(arguments: list[str]) -> str | None:
+    """The top-level command in `arguments`, when it is one (options before it: the whole app)."""
+    if arguments and arguments[0] in NAMES:
+        return arguments[0]
+    return None
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":
+        app = build()
+        globals()["app"] = app
+        return app
+    raise AttributeError(f"module 'daedalus.cli' has no attribute {name!r}")
 
 
 def main() -> None:
+    from daedalus.logs import configure_logging
+
     configure_logging()
+    from daedalus.errors import DaedalusError
+
     try:
-        app()
+        build(invoked(sys.argv[1:]))()
         code = 0
     except SystemExit as done:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    except DaedalusError as error:  # raised on purpose, with a message that says what to do: no traceback
+        from daedalus.cli._common import errors
+        from daedalus.escaping import for_terminal
+
+        errors.print(f"[red]error:[/red] {for_terminal(str(error))}", highlight=False)
+        code = 2
     # Skip interpreter teardown: the Temporal client's Rust threads can abort a finalizing interpreter
     # ("PyGILState_Release ... finalizing", temporalio/sdk-python#300), turning a finished command into exit -6.
     sys.stdout.flush()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.util
 import signal
 import sys
 import threading
@@ -12,24 +13,39 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
-from sqlalchemy import Engine
-from temporalio.client import Client
-from temporalio.service import RPCError
 
-from daedalus.config import Settings
-from daedalus.decisions.policy import Policy, configured_policy
-from daedalus.engines import paths
 from daedalus.errors import BadSettings, RegistryError, SetupError, TicketError
 from daedalus.escaping import for_terminal
-from daedalus.services import connect
-from daedalus.store.database import make_engine, migrate
 
+# Imported where used: a command loads Temporal's client, the store and the policy only when it needs them
+# (`daedalus --help`, a remote `decide` and `ticket list` need none of them, and each costs a second of start-up).
 if TYPE_CHECKING:
+    from sqlalchemy import Engine
+    from temporalio.client import Client
+
+    from daedalus.config import Settings
+    from daedalus.decisions.policy import Policy
     from daedalus.hosts.registry import Registry
     from daedalus.hosts.status import TicketOnHost
     from daedalus.store.seals import AuditKey
 
 T = TypeVar("T")
+
+
+def lazy_module(name: str) -> Any:
+    """`name`, loaded on its first attribute access (importlib's LazyLoader): a command module names the service
+    layer and the store at the top, and only the commands that use them pay for importing them."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.loader is not None, name
+    loader = importlib.util.LazyLoader(spec.loader)
+    spec.loader = loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    loader.exec_module(module)
+    return module
+
 
 # Piped output (CI logs, `make demo | tee`) gets wide tables instead of rich's 80-column fallback.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -82,6 +98,9 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
 @functools.cache
 def settings() -> Settings:
     """The CLI's one Settings, built on first use from the environment and .env; a bad value ends in exit 2."""
+    from daedalus.config import Settings
+    from daedalus.engines import paths
+
     try:
         built = Settings.load()
     except BadSettings as error:
@@ -91,6 +110,8 @@ def settings() -> Settings:
 
 
 async def client(settings_: Settings | None = None) -> Client:
+    from daedalus.services._temporal import connect
+
     temporal = (settings_ or settings()).temporal
     try:
         security = temporal.connection()
@@ -100,6 +121,8 @@ async def client(settings_: Settings | None = None) -> Client:
 
 
 def store(settings_: Settings | None = None) -> Engine:
+    from daedalus.store.database import make_engine, migrate
+
     engine = make_engine((settings_ or settings()).store_url)
     migrate(engine)
     return engine
@@ -128,6 +151,8 @@ def registry() -> Registry:
 def waiting_on_hosts(tickets: Sequence[TicketOnHost]) -> dict[str, str]:
     """ticket id -> "queued for host-mavis since 22:03 UTC; no worker polls it; run ..." for tickets stuck on a
     host nobody serves. Empty when the registry or Temporal cannot be read: the listing still shows the rest."""
+    from temporalio.service import RPCError
+
     from daedalus.hosts.registry import load_registry
     from daedalus.hosts.status import ON_A_HOST
     from daedalus.hosts.status import waiting_on_hosts as lines
@@ -151,6 +176,8 @@ def waiting_on_hosts(tickets: Sequence[TicketOnHost]) -> dict[str, str]:
 @functools.cache
 def policy() -> Policy | None:
     """The server's policy (DAEDALUS_POLICY_FILE), read once; None on a single-user stack that sets none."""
+    from daedalus.decisions.policy import configured_policy
+
     try:
         return configured_policy(settings().policy_file, settings().hosts_file)
     except SetupError as error:

@@ -9,17 +9,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-import yaml
 from pydantic import BaseModel, ValidationError
-from rich.markdown import Markdown
-from rich.table import Table
 
-from daedalus import services as tickets
 from daedalus.cli._common import (
     audit_key,
     client,
     console,
     fail,
+    lazy_module,
     policy,
     run,
     settings,
@@ -27,8 +24,8 @@ from daedalus.cli._common import (
     waiting_on_hosts,
 )
 from daedalus.cli.remote import Remote, local_person, shared_stack
+from daedalus.errors import RegistryError, TicketError
 from daedalus.escaping import for_terminal as shown
-from daedalus.hosts.registry import RegistryError, load_registry
 from daedalus.schemas.ticket import (
     CancelRequest,
     Decision,
@@ -38,14 +35,23 @@ from daedalus.schemas.ticket import (
     TerminateRequest,
     TicketState,
 )
-from daedalus.services import TicketError, termination
-from daedalus.store import queries
-from daedalus.store.database import session_scope
-from daedalus.store.tables import AuditEventRow, TicketRow
 
 if TYPE_CHECKING:
+    from daedalus import services as tickets
     from daedalus.api.models import AuditEventPublic, TicketSummary
     from daedalus.services.audit import Verification
+    from daedalus.store import queries
+    from daedalus.store.database import session_scope
+    from daedalus.store.tables import AuditEventRow, TicketRow
+else:  # loaded on first use: `decide`, `ticket list` and `ticket show` start without what they do not touch
+    tickets = lazy_module("daedalus.services")
+    queries = lazy_module("daedalus.store.queries")
+
+    def session_scope(engine: Any) -> Any:
+        from daedalus.store.database import session_scope as scope
+
+        return scope(engine)
+
 
 M = TypeVar("M", bound=BaseModel)
 AS_HELP = "who acts; against a shared stack (DAEDALUS_API_URL) only your token's person, and the default"
@@ -84,6 +90,8 @@ def create(
     # Without a policy the local stack records an unnamed filer as `cli`; under one, who files decides who
     # may approve, so it must be said.
     filer = local_person(filed_by) if policy() is not None else filed_by or "cli"
+    from daedalus.hosts.registry import load_registry
+
     temporal = settings().temporal
     try:
         hosts = load_registry(settings().hosts_file)
@@ -112,6 +120,8 @@ def create(
 @app.command("list")
 def list_(status: Annotated[str | None, typer.Option(help="only tickets in this status")] = None) -> None:
     """Tickets from the store's projection, newest first."""
+    from rich.table import Table
+
     rows: Sequence[TicketRow | TicketSummary]
     remote = shared_stack()
     if remote is not None:
@@ -144,7 +154,7 @@ def list_(status: Annotated[str | None, typer.Option(help="only tickets in this 
 
 @app.command()
 def show(ticket_id: str) -> None:
-    """Status, attempts, verdicts and the pending decision of one ticket."""
+    """Status, what it runs, the pending decision with its evidence, and the attempts side by side."""
     remote = shared_stack()
     if remote is not None:
         _show_remote(remote, ticket_id)
@@ -157,7 +167,12 @@ def show(ticket_id: str) -> None:
     with session_scope(store()) as session:
         row = queries.get_ticket(session=session, ticket_id=ticket_id)
         waiting = waiting_on_hosts([row]) if row is not None and row.status == state.status.value else {}
-    print_state(state, waiting.get(ticket_id))
+        recorded = {
+            child: found.status
+            for child in state.children
+            if (found := queries.get_ticket(session=session, ticket_id=child)) is not None
+        }
+    print_state(state, waiting.get(ticket_id), recorded)
 
 
 def _show_remote(remote: Remote, ticket_id: str) -> None:
@@ -168,7 +183,13 @@ def _show_remote(remote: Remote, ticket_id: str) -> None:
     if detail.live is not None:
         # The API's waiting line is the store row's; it holds while the live state has not moved past the row.
         waiting = row.waiting_on_host if row is not None and row.status == detail.live.status.value else None
-        print_state(detail.live, waiting)
+        recorded = {}
+        for child, status in detail.live.children.items():
+            if not status.is_closed:  # the parent records a child's status only when it starts and closes
+                child_detail = TicketDetail.model_validate(remote.call("GET", f"/tickets/{child}"))
+                if child_detail.projection is not None:
+                    recorded[child] = child_detail.projection.status
+        print_state(detail.live, waiting, recorded)
     elif row is not None:
         console.print(
             f"[bold]ticket {shown(row.ticket_id)}[/bold]: {shown(row.title)}  \\[{shown(row.status)}]"
@@ -180,46 +201,71 @@ def _show_remote(remote: Remote, ticket_id: str) -> None:
             console.print(f"  [yellow]{shown(row.waiting_on_host)}[/yellow]")
 
 
-def print_state(state: TicketState, waiting_on_host: str | None = None) -> None:
+def print_state(
+    state: TicketState, waiting_on_host: str | None = None, children_recorded: dict[str, str] | None = None
+) -> None:
+    """A ticket as `ticket show` prints it; `children_recorded` holds each sub-ticket's status from its own
+    trail (the parent's record says `draft` for a child that is running)."""
+    from rich.table import Table
+
+    from daedalus.workflows.ticket_rules import tree_commands
+
     spec = state.spec
     console.print(f"[bold]ticket {shown(spec.id)}[/bold]: {shown(spec.title)}  \\[{state.status.value}]")
     console.print(
         f"  host {shown(spec.host)}, agent {spec.agent.name.value if spec.agent else '-'}, "
-        f"max attempts {spec.max_attempts}"
+        f"max attempts {spec.max_attempts}, deciders {shown(', '.join(spec.approval.deciders))}"
     )
     if state.outcome_reason:
         console.print(f"  outcome: {shown(state.outcome_reason)}")
     if waiting_on_host:
         console.print(f"  [yellow]{shown(waiting_on_host)}[/yellow]")
+    recorded = children_recorded or {}
     for child, status in state.children.items():
-        console.print(f"  sub-ticket {shown(child)}: {status.value}")
+        console.print(f"  sub-ticket {shown(child)}: {shown(recorded.get(child, status.value))}")
+    console.print("  runs (each confined: its own checkout, no secrets, no network but an agent's model):")
+    for line in tree_commands(spec) or ["nothing on a host"]:
+        console.print(f"    {shown(line)}", highlight=False, soft_wrap=True)
     if state.attempts:
-        table = Table("attempt", "outcome", "commit", "gate", "verdict", "median", "90% CI", "rule")
-        for attempt in state.attempts:
-            head = [str(attempt.number), attempt.outcome.value, shown((attempt.commit or "-")[:10])]
-            if not attempt.gate_results:
-                table.add_row(*head, "-", "-", "", "", shown(attempt.detail[:80]))
-            for result in attempt.gate_results:
-                interval = f"[{result.ci_low:.4g}, {result.ci_high:.4g}]" if result.ci_low is not None else ""
-                median = f"{result.median:.4g}" if result.median is not None else ""
-                table.add_row(
-                    *head,
-                    shown(result.gate),
-                    result.verdict.value,
-                    median,
-                    shown(interval),
-                    shown(result.rule),
+        table = Table("", *(f"attempt {a.number}" for a in state.attempts), title="attempts side by side")
+        table.add_row("outcome", *(a.outcome.value for a in state.attempts))
+        table.add_row("commit", *(shown((a.commit or "-")[:10]) for a in state.attempts))
+        gates = list(dict.fromkeys(r.gate for a in state.attempts for r in a.gate_results))
+        for gate in gates:
+            cells = []
+            rule = ""
+            for attempt in state.attempts:
+                result = next((r for r in attempt.gate_results if r.gate == gate), None)
+                if result is None:
+                    cells.append("-")
+                    continue
+                rule = result.rule
+                median = f" median {result.median:.4g}" if result.median is not None else ""
+                interval = (
+                    f" {result.confidence:.0%} CI [{result.ci_low:.4g}, {result.ci_high:.4g}]"
+                    if result.ci_low is not None and result.ci_high is not None
+                    else ""
                 )
+                cells.append(shown(f"{result.verdict.value}{median}{interval}"))
+            table.add_row(shown(f"gate {gate}: {rule}"), *cells)
+        table.add_row("detail", *(shown(a.detail[:120]) for a in state.attempts))
         console.print(table)
     if state.pending_decision:
         request = state.pending_decision
         console.print(
             f"[yellow]waiting for a decision[/yellow] {shown(request.id)}: {shown(request.question)}"
         )
+        for line in request.evidence:
+            console.print(f"    {shown(line)}", highlight=False, soft_wrap=True)
         allowed = request.allowed
-        console.print(f"  options: {shown(request.options)}; may decide: {shown(allowed)}")
+        excluded = f"; may not: {shown(request.excluded)}" if request.excluded else ""
+        console.print(f"  options: {shown(request.options)}; may decide: {shown(allowed)}{excluded}")
         who = allowed[0] if allowed else "<decider>"
-        console.print(shown(f"  answer:  daedalus decide {request.id} {request.options[0]} --as {who}"))
+        console.print(
+            shown(
+                f"  answer:  daedalus decide {request.id} {request.options[0]} --as {who} [--note ... --lesson]"
+            )
+        )
 
 
 @app.command()
@@ -295,6 +341,8 @@ def terminate(
     else:
 
         async def go() -> list[str]:
+            from daedalus.services import termination
+
             closed = await termination.terminate(
                 await client(),
                 ticket_id,
@@ -315,12 +363,29 @@ def decide(
     option: Annotated[str, typer.Argument(help="one of the request's options")],
     who: Annotated[str | None, typer.Option("--as", help=AS_HELP)] = None,
     note: Annotated[str, typer.Option(help="reason, kept in the audit trail")] = "",
+    lesson: Annotated[
+        bool,
+        typer.Option(
+            "--lesson",
+            help="the note is a lesson: later agents on this engine or host get it in their prompt",
+        ),
+    ] = False,
 ) -> None:
     """Answer a pending decision. Refused (and nothing written) for an unknown request, option or decider."""
     remote = shared_stack()
     who = remote.acting_as(who) if remote is not None else local_person(who)
+    if lesson and not note.strip():
+        fail(
+            '--lesson marks the note as a lesson, and there is no note: add --note "what later agents should know"'
+        )
     decision = _model(
-        Decision, request_id=request_id, option=option, decided_by=who, note=note, channel="cli"
+        Decision,
+        request_id=request_id,
+        option=option,
+        decided_by=who,
+        note=note,
+        channel="cli",
+        lesson=lesson,
     )
     if remote is not None:
         remote.call("POST", "/decisions", json=decision.model_dump(mode="json"))
@@ -330,16 +395,24 @@ def decide(
             return await tickets.decide(await client(), decision, store=store(), policy=policy())
 
         run(go())
-    console.print(shown(f"{who} chose {option!r} for {request_id}"))
+    kept = "; the note is recorded as a lesson" if lesson else ""
+    console.print(shown(f"{who} chose {option!r} for {request_id}{kept}"))
 
 
 def delegate(
     ticket_id: str,
     to: Annotated[str, typer.Option(help="who may decide on your behalf")],
     who: Annotated[str | None, typer.Option("--as", help=AS_HELP)] = None,
-    kind: Annotated[DecisionKind, typer.Option(help="which decisions")] = DecisionKind.DISPATCH,
+    kind: Annotated[
+        DecisionKind,
+        typer.Option(
+            help="which decisions: escalation (retry, accept, fail...); dispatch only without a policy, where "
+            "the policy's standing delegations decide who approves a dispatch"
+        ),
+    ] = DecisionKind.ESCALATION,
 ) -> None:
-    """Let someone decide one kind of decision for a ticket ("the lead may dispatch on my behalf")."""
+    """Let someone decide one kind of decision for a ticket ("the lead may answer its escalations for me").
+    Refused before anything is written when the server's policy would not honour it."""
     remote = shared_stack()
     who = remote.acting_as(who) if remote is not None else local_person(who)
     delegation = _model(Delegation, granted_by=who, delegate=to, kind=kind)
@@ -347,12 +420,15 @@ def delegate(
         body = delegation.model_dump(mode="json")
         people = remote.call("POST", f"/tickets/{ticket_id}/delegations", json=body)["delegates"]
     else:
+        found = policy()
 
         async def go() -> list[str]:
-            return await tickets.delegate(await client(), ticket_id, delegation)
+            return await tickets.delegate(await client(), ticket_id, delegation, policy=found)
 
         people = run(go())
-    console.print(shown(f"ticket {ticket_id}: {kind.value} decisions may now also be made by {people}"))
+    console.print(
+        shown(f"ticket {ticket_id}: {kind.value} decisions may now also be made by {', '.join(people)}")
+    )
 
 
 audit_app = typer.Typer(
@@ -391,6 +467,8 @@ def audit(
 
 
 def print_audit(events: Sequence[AuditEventRow | AuditEventPublic]) -> None:
+    from rich.table import Table
+
     table = Table("at", "ticket", "#", "kind", "actor", "status", "summary")
     for event in events:
         table.add_row(
@@ -434,7 +512,10 @@ def report(
         bool, typer.Option(help="open with the lead agent's narrative (needs an API key)")
     ] = False,
 ) -> None:
-    """The progress report, rolled up from the store: cards, tickets and gates, campaigns, training, decisions."""
+    """The progress report, rolled up from the store: cards, tickets and gates, campaigns, training, decisions.
+    Printed as Markdown unless -o writes it to a file; --html writes the HTML page besides."""
+    from rich.markdown import Markdown
+
     from daedalus.report import build_report, render_html, render_markdown
 
     for target in (out, html):
@@ -455,7 +536,7 @@ def report(
     if out is not None:
         out.write_text(text)
         console.print(f"report written to {out}")
-    elif html is None:
+    else:
         console.print(Markdown(text))
 
 
@@ -466,6 +547,8 @@ def draft(
     out: Annotated[Path | None, typer.Option("-o", "--out", help="write the draft YAML here")] = None,
 ) -> None:
     """The lead agent drafts a ticket spec from a short request; review it, then `ticket create -f`."""
+    import yaml
+
     from daedalus.agents.lead import LeadAgent
     from daedalus.schemas.agents import SpecDraftRequest
 
@@ -528,3 +611,6 @@ def verify_audit(
         console.print(f"[red]{found.kind.value}[/red] {shown(found.ticket_id)}: {shown(found.message)}")
     console.print(f"{len(result.breaks)} trail(s) of {result.events} events do not verify")
     raise typer.Exit(1)
+
+
+app.command()(draft)

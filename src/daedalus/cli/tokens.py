@@ -6,12 +6,13 @@ Whoever can write the store (DAEDALUS_DATABASE_URL) administers tokens; a token 
 from __future__ import annotations
 
 import getpass
+from collections.abc import Collection
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from daedalus.cli._common import console, fail, store
+from daedalus.cli._common import console, fail, policy, store
 from daedalus.cli.tickets import parse_duration
 from daedalus.errors import TokenError
 from daedalus.escaping import for_terminal as shown
@@ -27,7 +28,14 @@ def create(
         str | None, typer.Option(help="a duration like 90d or 12h; none = until revoked")
     ] = None,
 ) -> None:
-    """Issue a token for PERSON and print it once; only its salted hash is stored."""
+    """Issue a token for PERSON and print it once; only its salted hash is stored. Under a policy
+    (DAEDALUS_POLICY_FILE), only for a person it names: anyone else's token could do nothing but be refused."""
+    known = policy()
+    if known is not None and person.lower() not in known.people:
+        fail(
+            f"{person} is not in the server's policy ({known_people(known.people)}), so a token for them would be "
+            f"refused at every action; add {person} to policy.yaml's people first, or check the spelling"
+        )
     lifetime = None
     if expires_in is not None:
         lifetime = parse_duration(expires_in)
@@ -47,6 +55,11 @@ def create(
         f"{shown(row.person)} sets DAEDALUS_API_URL=<the API> and DAEDALUS_API_TOKEN=<this token>; "
         f"`daedalus token revoke {row.token_id}` withdraws it"
     )
+
+
+def known_people(people: Collection[str]) -> str:
+    names = sorted(people)
+    return "people: " + ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
 
 
 @app.command("list")
