@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from daedalus.agents.claude import ClaudeAgent
 from daedalus.agents.codex import CodexAgent
 from daedalus.agents.local_model import local_model, needs_local_model, script_for
-from daedalus.agents.model_server import Reply, Shell, WriteFile
+from daedalus.agents.model_server import ReadFile, Reply, Shell, WriteFile
 from daedalus.agents.settings import AgentSettings
 from daedalus.errors import AgentConfigError
 from daedalus.schemas.agents import ExitReason
@@ -19,14 +20,16 @@ from tests.support import SPEED_PATCH, make_engine_repo, ticket_spec
 
 
 def test_the_patch_becomes_writes_of_each_changed_file(tmp_path: Path) -> None:
-    spec = ticket_spec(
-        make_engine_repo(tmp_path / "repo"), "h", agent={"name": "codex", "patch": SPEED_PATCH}
-    )
+    repo = make_engine_repo(tmp_path / "repo")
+    spec = ticket_spec(repo, "h", agent={"name": "codex", "patch": SPEED_PATCH})
     steps = [step.action for step in script_for(spec).steps]
-    assert steps[0] == WriteFile("speed.txt", "56.0\n")
-    assert steps[1] == Shell("git diff --stat")
-    assert isinstance(steps[2], Reply) and steps[2].text.endswith("RESULT: success")
-    assert "not a real one" in steps[2].text
+    assert steps[:3] == [ReadFile("speed.txt"), WriteFile("speed.txt", "56.0\n"), Shell("git diff --stat")]
+    assert isinstance(steps[3], Reply) and steps[3].text.endswith("RESULT: success")
+    assert "not a real one" in steps[3].text
+    new_file = "--- /dev/null\n+++ b/new.txt\n@@ -0,0 +1 @@\n+56.0\n"
+    spec = ticket_spec(repo, "h", agent={"name": "codex", "patch": new_file})
+    first = script_for(spec).steps[0].action
+    assert first == WriteFile("new.txt", "56.0\n"), "a new file is written without a read"
 
 
 def test_a_patch_that_does_not_apply_or_no_patch_says_what_to_do(tmp_path: Path) -> None:
@@ -50,17 +53,19 @@ def test_only_a_cli_agent_without_its_key_gets_the_local_model(tmp_path: Path) -
         assert settings is keyed, "with a key, the provider is used through the same code path"
 
 
-async def test_the_real_codex_makes_the_tickets_change_against_the_local_model(
-    tmp_path: Path, make_task: MakeTask, artifacts: Path, beats: Beats
+@pytest.mark.parametrize("name", ["codex", "claude"])
+async def test_the_real_cli_makes_the_tickets_change_against_the_local_model(
+    name: str, make_task: MakeTask, artifacts: Path, beats: Beats
 ) -> None:
     installed()
-    task = make_task({"name": "codex", "patch": SPEED_PATCH})
-    spec = ticket_spec(Path(task.repo), "h", agent={"name": "codex", "patch": SPEED_PATCH})
+    task = make_task({"name": name, "patch": SPEED_PATCH})
+    spec = ticket_spec(Path(task.repo), "h", agent={"name": name, "patch": SPEED_PATCH})
     with local_model(spec, AgentSettings()) as settings:
         assert settings.openai_base_url is not None and settings.openai_base_url.startswith(
             "http://127.0.0.1:"
         )
-        result = await CodexAgent(settings).run(task, artifacts=artifacts, heartbeat=beats)
+        agent = CodexAgent(settings) if name == "codex" else ClaudeAgent(settings)
+        result = await agent.run(task, artifacts=artifacts, heartbeat=beats)
     assert result.exit_reason is ExitReason.COMMITTED and result.claimed_success, result.detail
     assert (Path(task.worktree) / "speed.txt").read_text() == "56.0\n"
     assert result.usage.input_tokens > 0 and result.usage.cost_source == "unavailable"

@@ -1,8 +1,8 @@
 """The local model for a `codex` or `claude` ticket when no provider key is set (`daedalus demo --agent codex`).
 
 The ticket's `agent.patch` says what the change is; the local model server (daedalus.agents.model_server) then
-answers the real CLI with tool calls that write each changed file's new contents, a command that shows the
-diff, and a final message. The CLI, its sandbox, its egress and Daedalus's parsing of its output are the ones a
+answers the real CLI with tool calls that read and write each changed file's new contents, a command that shows
+the diff, and a final message. The CLI, its sandbox, its egress and Daedalus's parsing of its output are the ones a
 real provider would drive; only the model is scripted, and it says so in its final message.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from daedalus.agents.model_server import Action, ModelScript, ModelServer, Reply, Shell, WriteFile
+from daedalus.agents.model_server import Action, ModelScript, ModelServer, ReadFile, Reply, Shell, WriteFile
 from daedalus.agents.settings import AgentSettings
 from daedalus.errors import AgentConfigError
 from daedalus.schemas.ticket import AgentName, TicketSpec
@@ -35,8 +35,9 @@ def needs_local_model(spec: TicketSpec, settings: AgentSettings) -> bool:
     return False
 
 
-def files_after(repo: Path, base_commit: str, patch: str) -> dict[str, str]:
-    """The files `patch` changes, with their contents once it is applied to `base_commit` of `repo`."""
+def files_after(repo: Path, base_commit: str, patch: str) -> dict[str, tuple[bool, str]]:
+    """The files `patch` changes: whether each was there before, and its contents once `patch` is applied to
+    `base_commit` of `repo`."""
     with tempfile.TemporaryDirectory(prefix="daedalus-local-model-") as scratch:
         checkout = Path(scratch)
 
@@ -55,9 +56,14 @@ def files_after(repo: Path, base_commit: str, patch: str) -> dict[str, str]:
         git("fetch", "--quiet", "--depth=1", str(repo.resolve()), base_commit)
         git("checkout", "--quiet", "FETCH_HEAD")
         changed = git("apply", "--numstat", "-", stdin=patch)
-        git("apply", "-", stdin=patch)
         names = [line.split("\t", 2)[2] for line in changed.splitlines() if line.count("\t") >= 2]
-        return {name: (checkout / name).read_text() for name in names if (checkout / name).is_file()}
+        existed = {name: (checkout / name).is_file() for name in names}
+        git("apply", "-", stdin=patch)
+        return {
+            name: (existed[name], (checkout / name).read_text())
+            for name in names
+            if (checkout / name).is_file()
+        }
 
 
 def script_for(spec: TicketSpec) -> ModelScript:
@@ -69,7 +75,10 @@ def script_for(spec: TicketSpec) -> ModelScript:
             "DAEDALUS_AGENT_ANTHROPIC_API_KEY to use a real model)"
         )
     files = files_after(Path(spec.engine.repo), spec.engine.base_commit, spec.agent.patch)
-    steps: list[Action] = [WriteFile(path, content) for path, content in files.items()]
+    steps: list[Action] = []
+    for path, (existed, content) in files.items():
+        # Claude Code overwrites a file only after reading it; for Codex the read is a `cat`.
+        steps += [ReadFile(path), WriteFile(path, content)] if existed else [WriteFile(path, content)]
     summary = ", ".join(files) or "nothing"
     reply = f"Changed {summary} as the ticket's patch says (the local scripted model, not a real one).\n"
     return ModelScript.of(*steps, Shell("git diff --stat"), Reply(reply + "RESULT: success"))
