@@ -9,7 +9,12 @@ this proxy serves it on the public one:
 * reads pass: pages, assets, every GET of the UI's API, and workflow queries (a POST that changes nothing);
 * every other request is refused with 403 and where to do it instead (`daedalus ticket cancel ...`);
 * the UI's own settings (`/api/v1/settings`) are answered with its write actions disabled, so its pages do not
-  offer buttons that would only be refused.
+  offer buttons that would only be refused;
+* its pages carry the Daedalus defaults (`ui_defaults.py`): the workflow list's columns show each ticket's title,
+  status, who it waits for and its outcome, and the saved views of the README are there, without any set-up in
+  the browser. UI 2.54 keeps both in the browser's local storage and has no server setting for either, so the page
+  sets them before the UI starts: the columns only where the browser has none of its own for that namespace, the
+  views (ids `daedalus-*`) afresh on every page, so that "failed this week" always means the last seven days.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from starlette.routing import Route
 
 from daedalus.errors import DevServerError
 from daedalus.ports import port_in_use
+from daedalus.ui_defaults import with_defaults
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 QUERY_ROUTE = re.compile(r"^/api/v1/namespaces/[^/]+/workflows/[^/]+/query/[^/]+$")
@@ -76,12 +82,17 @@ def read_only_ui(upstream: str) -> Starlette:
     origin = upstream.rstrip("/")
 
     async def proxy(request: Request) -> Response:
+        response: Response
         path = request.url.path
         if not is_read(request.method, path):
             return JSONResponse({"message": REFUSAL, "code": 7}, status_code=403)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         if "origin" in headers:  # the UI server checks a POST's origin against its own
             headers["origin"] = origin
+        page = request.method == "GET" and "text/html" in request.headers.get("accept", "")
+        if page:  # read whole and given the defaults: asked for uncompressed
+            headers = {k: v for k, v in headers.items() if k.lower() != "accept-encoding"}
+            headers["accept-encoding"] = "identity"
         outgoing = client.build_request(
             request.method, path, params=request.url.query, headers=headers, content=await request.body()
         )
@@ -91,10 +102,15 @@ def read_only_ui(upstream: str) -> Starlette:
             for name, value in answer.headers.multi_items()  # two Set-Cookie headers stay two
             if name.lower() not in HOP_BY_HOP | {"date", "server"}
         ]
-        if path == SETTINGS_ROUTE and answer.status_code == 200:
+        html = answer.headers.get("content-type", "").startswith("text/html")
+        if page and html and answer.status_code == 200 and "content-encoding" not in answer.headers:
+            body = with_defaults(await answer.aread())
+            await answer.aclose()
+            response = Response(body, status_code=200)
+        elif path == SETTINGS_ROUTE and answer.status_code == 200:
             body = read_only_settings(await answer.aread())  # decoded: its content-encoding no longer holds
             await answer.aclose()
-            response: Response = Response(body, status_code=200)
+            response = Response(body, status_code=200)
             kept = [(name, value) for name, value in kept if name.lower() != b"content-encoding"]
         else:
             response = StreamingResponse(

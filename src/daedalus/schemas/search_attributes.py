@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from daedalus.schemas.ticket import TicketSpec
 
 TICKET_ID = SearchAttributeKey.for_keyword("DaedalusTicketId")
+TITLE = SearchAttributeKey.for_keyword("DaedalusTitle")
+"""The ticket's title, for the Temporal UI's workflow list: UI 2.54 has no column for the static summary, but it
+shows any search attribute as a column (the read-only proxy adds this one by default, readonly_ui.py)."""
+TITLE_CHARS = 200
 STATUS = SearchAttributeKey.for_keyword("DaedalusStatus")
 ENGINE = SearchAttributeKey.for_keyword("DaedalusEngine")
 HOST = SearchAttributeKey.for_keyword("DaedalusHost")
@@ -35,6 +39,7 @@ LEGACY_AWAITING = SearchAttributeKey.for_keyword("DaedalusAwaiting")
 
 SEARCH_ATTRIBUTES: tuple[SearchAttributeKey[Any], ...] = (
     TICKET_ID,
+    TITLE,
     STATUS,
     ENGINE,
     HOST,
@@ -65,10 +70,10 @@ def ticket_identity(spec: TicketSpec) -> dict[SearchAttributeKey[Any], Any]:
 
 
 def at_start(spec: TicketSpec) -> TypedSearchAttributes:
-    """Given with the start request, so that the workflow needs no upsert of its own for them."""
-    return TypedSearchAttributes(
-        [SearchAttributePair(key, value) for key, value in ticket_identity(spec).items()]
-    )
+    """Given with the start request, so that the workflow needs no upsert of its own for them. The title is
+    given only here, never upserted: a ticket started without it keeps its history's commands as they were."""
+    fixed = {**ticket_identity(spec), TITLE: spec.title[:TITLE_CHARS]}
+    return TypedSearchAttributes([SearchAttributePair(key, value) for key, value in fixed.items()])
 
 
 def on_host(host: str) -> TypedSearchAttributes:
