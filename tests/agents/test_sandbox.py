@@ -78,7 +78,8 @@ async def shell(box: Toolbox, command: str) -> str:
 async def test_climbing_out_with_cd_finds_no_host_files(box: Toolbox, tmp_path: Path, secret: str) -> None:
     up = ";".join(["cd .."] * len(box.root.parts))
     out = await shell(
-        box, f"{up};cat etc/hostname; cat {os.path.relpath(tmp_path / 'secret.txt', '/')}; pwd; echo probe-ran"
+        box,
+        f"{up};cat etc/hostname; cat {os.path.relpath(tmp_path / 'secret.txt', '/')}; pwd; echo probe-ran",
     )
     assert "probe-ran" in out and "\n/\n" in out, out  # the shell ran, and climbed to its own root
     assert Path("/etc/hostname").read_text().strip() not in out.split("\n", 1)[1]
