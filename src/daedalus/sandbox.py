@@ -4,8 +4,8 @@ What a sandboxed command sees (decided here, documented in the README):
 
 * the attempt's worktree, read-write, at its own path (so paths in transcripts mean the same outside);
 * the toolchain, read-only: `/usr` (with `/bin`, `/lib*`, `/sbin` as on the host) and from `/etc` only what
-  programs need to start (dynamic linker cache, alternatives, locale, time zone, TLS roots; with network,
-  also name resolution). No `/etc/passwd`, `/etc/shadow`, `/etc/hostname`, no `/root`, `/home`, `/work`,
+  programs need to start (dynamic linker cache, alternatives, locale, time zone, TLS roots); no name
+  resolution. No `/etc/passwd`, `/etc/shadow`, `/etc/hostname`, no `/root`, `/home`, `/work`,
   `/opt`, `/var`, `/srv`, `/mnt`: they are absent;
 * its own `/tmp`, `/var/tmp` and `$HOME` (empty tmpfs, gone when the command ends, unless a home directory
   is given, as for the CLI agents), `/dev` (minimal), and a `/proc` of its own pid namespace, so neither the
@@ -14,8 +14,8 @@ What a sandboxed command sees (decided here, documented in the README):
   configure there as it likes) and, read-only, the host repository's object store it borrows from. The
   host's repository itself (config, hooks, refs, HEAD) is never mounted: the host commits the attempt's
   files there itself (`daedalus.agents.worktree.capture`);
-* no network (a loopback of its own) unless asked for. The CLI agents, which call their model endpoint
-  themselves, do not get it either: their one way out is `daedalus.egress` (a forwarder on their loopback, a
+* no network (a loopback of its own). The CLI agents, which call their model endpoint themselves, do not get
+  it either: their one way out is `daedalus.egress` (a forwarder on their loopback, a
   Unix socket bound in read-only, and a gateway on the host that admits their endpoint and nothing else);
 * a clean environment: PATH, HOME, locale, a git identity, the step's marker token and what its caller adds
   (the CLI agents: their own provider's key). Never the worker's environment;
@@ -24,8 +24,7 @@ What a sandboxed command sees (decided here, documented in the README):
   the host's read-only data paths, a scratch directory for its output, and the leased GPUs' device nodes
   only. Never the store, the artifact directory of other steps, Temporal or the API (no network).
 
-All capabilities are dropped, every namespace is unshared (user, pid, ipc, uts, cgroup, and net unless
-allowed), the command runs in a new session (no TIOCSTI on the worker's terminal) and dies with its parent.
+All capabilities are dropped, every namespace is unshared (user, pid, ipc, uts, cgroup, net), the command runs in a new session (no TIOCSTI on the worker's terminal) and dies with its parent.
 The pid namespace means that when the command's first process exits, the kernel kills every process it left
 behind, `setsid` and `nohup` ones included. Resource limits are daedalus.confinement's.
 """
@@ -46,7 +45,8 @@ from daedalus.processes import STEP_TOKEN_ENV
 SANDBOX_ENV = "DAEDALUS_SANDBOX"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HOME = "/home/agent"
-# /etc entries a toolchain needs to start: the linker cache, Debian's alternatives, locale and time zone.
+# /etc entries a toolchain needs to start: the linker cache, Debian's alternatives, locale and time zone, and the
+# public TLS roots (a CLI agent checks its provider's certificate through the egress gateway's CONNECT tunnel).
 ETC_TOOLCHAIN = (
     "alternatives",
     "ld.so.cache",
@@ -56,9 +56,9 @@ ETC_TOOLCHAIN = (
     "locale.alias",
     "locale.conf",
     "mime.types",
+    "ssl",
+    "ca-certificates",
 )
-# With network: resolving names and checking certificates.
-ETC_NETWORK = ("resolv.conf", "hosts", "nsswitch.conf", "host.conf", "gai.conf", "ssl", "ca-certificates")
 TOP_LEVEL_ALIASES = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 AGENT_IDENTITY = {
     "GIT_AUTHOR_NAME": "daedalus-agent",
@@ -88,7 +88,6 @@ class Sandbox:
     worktree: Path
     objects: Path | None = None
     """The host repository's object store that the worktree's own git borrows (read-only)."""
-    network: bool = False
     home: Path | None = None
     read_only: tuple[Path, ...] = ()
     writable: tuple[Path, ...] = ()
@@ -107,7 +106,6 @@ class Sandbox:
         worktree: Path,
         *,
         objects: Path | None = None,
-        network: bool = False,
         home: Path | None = None,
         read_only: Sequence[Path | str] = (),
         writable: Sequence[Path | str] = (),
@@ -124,7 +122,6 @@ class Sandbox:
         return cls(
             worktree=worktree,
             objects=objects.resolve() if objects is not None else None,
-            network=network,
             home=home.resolve() if home is not None else None,
             read_only=tuple(Path(p) for p in read_only),
             writable=tuple(Path(p) for p in writable),
@@ -199,7 +196,6 @@ class Sandbox:
         args = [
             bwrap_binary(),
             "--unshare-all",
-            *(["--share-net"] if self.network else []),
             "--cap-drop",
             "ALL",
             "--die-with-parent",
@@ -216,7 +212,7 @@ class Sandbox:
                 args += ["--symlink", os.readlink(top), str(top)]
             elif top.is_dir():
                 args += ["--ro-bind", str(top), str(top)]
-        for name in ETC_TOOLCHAIN + (ETC_NETWORK if self.network else ()):
+        for name in ETC_TOOLCHAIN:
             args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         size = ["--size", str(self.tmp_mib * 1024 * 1024)] if self.tmp_mib else []
         args += ["--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", "/tmp", *size, "--tmpfs", "/var/tmp"]

@@ -200,7 +200,6 @@ class CliAgent(ABC):
         return Sandbox.for_worktree(
             Path(task.worktree),
             objects=objects_dir(Path(task.repo)),
-            network=False,
             home=home,
             read_only=[
                 binary,
