@@ -55,3 +55,21 @@ def test_a_worktree_no_filing_claims_is_set_aside_too(tmp_path: Path) -> None:
     assert not path.exists() and wt.branch_exists(repo, "daedalus/t1/attempt-1.earlier")
     wt.prepare_worktree(repo=repo, base_commit="main", worktree=path, branch=wt.branch_name("t1", 1))
     assert (path / "speed.txt").read_text() == "28.9\n", "a fresh worktree, not the first filing's work"
+
+
+def test_two_checkouts_of_one_attempt_at_once_make_one_worktree(tmp_path: Path) -> None:
+    """A retried activity whose first try still runs (it timed out while checking out) waits for it and finds
+    its checkout, instead of making a second one beside it (git failed on its lock)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.support import ticket_spec
+
+    repo = make_engine_repo(tmp_path / "repo")
+    workspace = Workspace(root=tmp_path / "ws", artifacts=tmp_path / "artifacts")
+    spec = ticket_spec(repo, "h")
+    for _ in range(5):
+        shutil.rmtree(workspace.worktree(spec.id, 1), ignore_errors=True)
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            bases = list(pool.map(lambda _: workspace.check_out_attempt(spec, 1, repo), range(4)))
+        assert len(set(bases)) == 1
+        assert (workspace.worktree(spec.id, 1) / "speed.txt").read_text() == "28.9\n"

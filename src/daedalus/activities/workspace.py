@@ -1,11 +1,15 @@
 """Where a host keeps each attempt's worktree and artifacts, and the checkouts its steps run in."""
 
+import contextlib
+import fcntl
 import json
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from daedalus.agents import worktree as wt
+from daedalus.errors import GitError
 from daedalus.hosts.mirrors import EngineRepoUnavailable, is_url, mirror_path, resolve_commit, sync_mirror
 from daedalus.paths import contained
 from daedalus.schemas.ticket import EngineRef, TicketSpec
@@ -79,15 +83,30 @@ class Workspace:
 
     def check_out_attempt(self, spec: TicketSpec, attempt: int, repo: Path) -> str:
         """The attempt's branch at the base commit in the host's repo, and its worktree: a private checkout of
-        the branch (kept if it exists: a retry finds the agent's work again). Returns the base commit's sha."""
-        assert spec.engine is not None
-        self._record_checkout(spec.id, attempt, repo)
-        return wt.prepare_worktree(
-            repo=repo,
-            base_commit=spec.engine.base_commit,
-            worktree=self.worktree(spec.id, attempt),
-            branch=wt.branch_name(spec.id, attempt),
-        )
+        the branch (kept if it exists: a retry finds the agent's work again). Returns the base commit's sha.
+
+        One checkout at a time per attempt: a retry of an activity that timed out while its checkout was being
+        made (its thread still running) waits for it, then finds it made, instead of making it again beside it."""
+        if spec.engine is None:
+            raise GitError(f"ticket {spec.id} names no engine repository to check out")
+        with self._checkout_lock(spec.id, attempt):
+            self._record_checkout(spec.id, attempt, repo)
+            return wt.prepare_worktree(
+                repo=repo,
+                base_commit=spec.engine.base_commit,
+                worktree=self.worktree(spec.id, attempt),
+                branch=wt.branch_name(spec.id, attempt),
+            )
+
+    @contextlib.contextmanager
+    def _checkout_lock(self, ticket_id: str, attempt: int) -> Iterator[None]:
+        lock = self.attempt_artifacts(ticket_id, attempt) / "checkout.lock"
+        with lock.open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def check_out_attempt_result(self, ticket_id: str, attempt: int, repo: Path, commit: str) -> None:
         """The worktree made anew as a clean checkout of the attempt's commit: the build and the gates run on
