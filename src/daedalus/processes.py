@@ -176,6 +176,7 @@ async def run_logged(
     sandbox: Sandbox | None = None,
     limits: ResourceLimits | None = None,
     cgroup_root: Path | None = None,
+    extension: Callable[[], float] | None = None,
 ) -> Finished:
     """Run a shell command to completion in a new session, output appended to `log_path`.
 
@@ -186,7 +187,8 @@ async def run_logged(
     leaves its session alive) are killed before the command starts again, so a retried step never runs
     beside its own ghost. With `sandbox`, the command runs inside it, with only the sandbox's environment
     (plus `env`) instead of the worker's. With `limits`, it runs under them (daedalus.confinement), in a cgroup
-    of its own where the host has one to give (`cgroup_root`, else cgroup v1's).
+    of its own where the host has one to give (`cgroup_root`, else cgroup v1's). With `extension`, the
+    deadline moves out by the seconds it returns, asked at each heartbeat (a gate's engine start-ups).
     """
     from daedalus.confinement import StepCgroup, set_rlimits, unenforced
 
@@ -247,7 +249,7 @@ async def run_logged(
                 except TimeoutError:
                     if heartbeat is not None:
                         heartbeat()
-                    if loop.time() > deadline:
+                    if loop.time() > deadline + (extension() if extension is not None else 0.0):
                         await asyncio.to_thread(end_step, process.pid, token, 3.0)
                         await process.wait()
                         if pidfile is not None:

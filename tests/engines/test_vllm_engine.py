@@ -5,7 +5,8 @@ Two servers serve the whole module, started together once (~60 s on 2 busy cores
 left one dead: the n-gram speculative lane (the shipped preset vllm-cpu-ngram3) and a plain lane squeezed to a
 4-block KV pool (512 tokens, 384 per request, prefix caching on), where preemptions, prefix-cache hits and
 over-long prompts happen for real. The test that kills a server runs last. One more start is the command-line
-gate measurement, end to end, and one is a start cut short by its timeout.
+gate measurement, end to end, confined as a ticket's gate with its start timed apart from its 30 s of measuring,
+and one is a start cut short by its timeout.
 """
 
 from __future__ import annotations
@@ -24,13 +25,17 @@ from pathlib import Path
 
 import psutil
 import pytest
+from temporalio.testing import ActivityEnvironment
 
+from daedalus.activities.confined import ConfinedSteps
+from daedalus.activities.gates import GateActivities
+from daedalus.activities.workspace import Workspace
+from daedalus.confinement import StepSettings
 from daedalus.engines.base import Server
 from daedalus.engines.bench import Side, benchmark
 from daedalus.engines.hf_tiny_model import ensure_hf_model
 from daedalus.engines.measure import _from_bench, vllm_capacity_measurement
 from daedalus.engines.openai_api import ApiError, OpenAIEndpoint
-from daedalus.engines.paths import cache_root
 from daedalus.engines.presets import SHIPPED_PRESET_DIR, load_preset
 from daedalus.engines.quality import greedy_streams, identity_probes, identity_result, judge_identity
 from daedalus.engines.runner import launched
@@ -39,9 +44,9 @@ from daedalus.engines.vllm_env import SERVER_MODULE, VllmEnvironment, installed_
 from daedalus.errors import EngineError, EngineSetupError
 from daedalus.gates.verdicts import decide
 from daedalus.ports import free_port
-from daedalus.processes import kill_group
 from daedalus.schemas.engines import GreedyStream, ProbeOutcome, VllmPreset, Workload
-from daedalus.schemas.gates import GateSpec, Metric, Verdict
+from daedalus.schemas.gates import GateResult, GateSpec, Metric, Verdict
+from daedalus.schemas.steps import GateInput, ResourceLimits
 
 KV_CACHE_SPACE_BYTES = 1 << 30  # the presets' VLLM_CPU_KVCACHE_SPACE=1 (GiB)
 TIGHT_BLOCKS = 4
@@ -69,7 +74,7 @@ class VllmServers:
     presets: dict[str, VllmPreset]
     running: dict[str, Server] = field(default_factory=dict)
     startup_s: dict[str, list[float]] = field(default_factory=dict)
-    command_line_measurement: asyncio.subprocess.Process | None = None
+    command_line_measurement: asyncio.Task[GateResult] | None = None
 
     async def start(self, *names: str) -> None:
         await asyncio.gather(*(self._launch(name) for name in names))
@@ -116,32 +121,33 @@ async def vllm_servers(
 ) -> AsyncIterator[VllmServers]:
     workdir = tmp_path_factory.mktemp("vllm")
     servers = VllmServers(tiny_llama, workdir, {SPECULATIVE.name: SPECULATIVE, TIGHT.name: TIGHT})
-    servers.command_line_measurement = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "daedalus.engines.measure", "kv_pool_tokens", "--preset", "vllm-cpu-ar",
-        "--model", "tiny-llama", "--workdir", str(workdir / "measure"),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
-        env={**os.environ, "DAEDALUS_CACHE_DIR": str(cache_root())},
-    )  # fmt: skip
+    servers.command_line_measurement = asyncio.ensure_future(confined_gate(workdir / "gate"))
     try:
         await servers.start(SPECULATIVE.name, TIGHT.name)
         yield servers
     finally:
-        await _interrupt(servers.command_line_measurement)
+        task = servers.command_line_measurement
+        task.cancel()  # a gate step still running (its test was not run) is stopped whole
+        await asyncio.gather(task, return_exceptions=True)
         await servers.close()
         print(f"\nvLLM start-up times (s): {servers.startup_s}", file=sys.stderr)
 
 
-async def _interrupt(process: asyncio.subprocess.Process) -> None:
-    """Ctrl-C for a measuring command still running (its test was not run): it stops its own server (a server
-    lives in a process group of its own) on the way out; SIGKILL for its group if it does not within 30 s."""
-    if process.returncode is not None:
-        return
-    process.send_signal(signal.SIGINT)
-    try:
-        await asyncio.wait_for(process.wait(), timeout=30)
-    except TimeoutError:
-        await asyncio.to_thread(kill_group, process.pid)
-        await process.wait()
+MEASURING_TIMEOUT_S = 30
+"""The gate's measuring time: reading the pool takes a second, the vLLM start it waits for a minute or more."""
+
+
+async def confined_gate(workdir: Path) -> GateResult:
+    """`daedalus engine measure` as a ticket's gate runs it: confined in bubblewrap by the host's gate activity, with
+    30 s of measuring time; its vLLM start is timed apart (issue 31 item 2), else it would end INVALID."""
+    workspace = Workspace(root=workdir / "ws", artifacts=workdir / "artifacts")
+    steps = ConfinedSteps(workspace, StepSettings(), ResourceLimits())
+    gate_spec = GateSpec.model_validate({
+        "name": "pool", "metric": "kv_pool_tokens", "threshold": 1, "timeout_s": MEASURING_TIMEOUT_S,
+        "command": "daedalus engine measure kv_pool_tokens --preset vllm-cpu-ar --model tiny-llama",
+    })  # fmt: skip
+    request = GateInput(ticket_id="cli", attempt=1, gate=gate_spec, host="local", startup_s=900)
+    return await ActivityEnvironment().run(GateActivities(steps).run_gate, request)
 
 
 def gate(metric: str, threshold: float, **extra: object) -> GateSpec:
@@ -239,6 +245,35 @@ async def test_ab_decode_speculative_against_plain_both_resident(
     assert decide(gate("decode_tps", 0.01, kind="ab"), ab).verdict is Verdict.PASS
 
 
+async def test_where_the_time_goes_from_vllms_request_histograms(
+    vllm_servers: VllmServers, tmp_path: Path
+) -> None:
+    """The seed's P0 profiling (issue 26 item 6): each round's time split into queue, prefill and decode by vLLM's
+    own per-request histograms, gated as `segment_ms`. The split must add up: queue + inference = end to end,
+    prefill + decode = inference (each a mean over the same requests)."""
+    spec = await vllm_servers.get(SPECULATIVE.name)
+    bench = await benchmark(Side(SPECULATIVE.name, spec), Workload(users=[2], rounds=5, max_tokens=64,
+                            prompt_words=200, seed=5), run_id="segments", model="tiny-llama")  # fmt: skip
+    artifact = tmp_path / "bench.json"
+    artifact.write_text(bench.model_dump_json())
+    for r in (r for r in bench.rounds if not r.warmup):
+        ms = r.segments_ms
+        assert set(ms) == {"queue", "prefill", "decode", "inference", "e2e"}, ms
+        assert ms["queue"] + ms["inference"] == pytest.approx(ms["e2e"], rel=0.05, abs=2.0), ms
+        assert ms["prefill"] + ms["decode"] == pytest.approx(ms["inference"], rel=0.05, abs=2.0), ms
+        assert ms["decode"] > ms["prefill"] > 0, ms  # 64 tokens decoded one step at a time after one prefill
+    decode = _from_bench(Metric.SEGMENT_MS, bench, artifact, segment="decode")
+    assert (
+        decode.invalid_reason is None
+        and len(decode.samples) == 5
+        and decode.unit == "ms per request in decode"
+    )
+    assert any("prefill" in v for k, v in decode.evidence.items() if k.endswith("ms")), decode.evidence
+    result = decide(gate("segment_ms", 60_000.0), decode)  # a minute per request: any live server passes
+    assert result.verdict is Verdict.PASS, result.reason
+    assert decide(gate("segment_ms", 0.001), decode).verdict is Verdict.FAIL
+
+
 async def test_requests_must_name_the_served_model(vllm_servers: VllmServers) -> None:
     spec = await vllm_servers.get(SPECULATIVE.name)
     assert await spec.endpoint().served_model() == SPECULATIVE.name  # from /v1/models
@@ -296,6 +331,14 @@ async def test_preemptions_are_counted_and_make_the_run_invalid(
     assert decode.preemptions == crowd.preemptions
     verdict = decide(gate("decode_tps", 1.0), decode)
     assert verdict.verdict is Verdict.INVALID and "preempt" in verdict.reason
+    # A gate on the preemptions themselves (ticket 4's "no preemptions") FAILs on them: they are its measurement.
+    counted = _from_bench(Metric.PREEMPTIONS, crowd, artifact)
+    assert counted.invalid_reason is None and counted.samples == [float(crowd.preemptions)]
+    assert decide(gate("preemptions", 0, op="<="), counted).verdict is Verdict.FAIL
+    assert (
+        decide(gate("preemptions", 0, op="<="), _from_bench(Metric.PREEMPTIONS, alone, artifact)).verdict
+        is Verdict.PASS
+    )
 
 
 async def test_prefix_cache_hits_are_detected(vllm_servers: VllmServers) -> None:
@@ -358,23 +401,26 @@ async def test_a_start_past_its_start_up_timeout_is_stopped_whole(tiny_llama: Pa
 async def test_gate_measurement_from_the_command_line_with_provenance(
     vllm_servers: VllmServers, vllm_environment: VllmEnvironment, tiny_llama: Path
 ) -> None:
-    """`daedalus engine measure` with a shipped preset by name and the tiny model by name, end to end (started
-    beside the module's servers, so its own vLLM start-up overlaps theirs)."""
-    process = vllm_servers.command_line_measurement
-    assert process is not None
-    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=600)
-    assert process.returncode == 0, stderr.decode(errors="replace")[-2000:]
-    measured = json.loads(stdout)
-    assert measured["samples"] == [float(KV_CACHE_SPACE_BYTES // kv_bytes_per_token(tiny_llama))]
-    made = measured["provenance"]
-    assert made["engine"] == "vllm" and made["engine_build"].startswith("vllm-cpu 0.32.0 in ")
-    assert str(vllm_environment.root) in made["engine_build"]
-    argv = made["engine_flags"]
+    """`daedalus engine measure` with a shipped preset by name and the tiny model by name, end to end, as a gate:
+    confined, 30 s of measuring time, its vLLM start (beside the module's servers, over a minute) timed apart."""
+    task = vllm_servers.command_line_measurement
+    assert task is not None
+    result = await asyncio.wait_for(task, timeout=900)
+    assert result.verdict is Verdict.PASS, result.reason
+    started = float(result.evidence["engine_startup_s"].split()[0])
+    assert started > MEASURING_TIMEOUT_S / 2, (
+        result.evidence
+    )  # most of its wall time was the start, not counted
+    assert result.samples == [float(KV_CACHE_SPACE_BYTES // kv_bytes_per_token(tiny_llama))]
+    made = result.provenance
+    assert made is not None and made.engine == "vllm" and made.engine_build.startswith("vllm-cpu 0.32.0 in ")
+    assert str(vllm_environment.root) in made.engine_build
+    argv = made.engine_flags
     assert argv[:5] == [str(vllm_environment.python), "-m", SERVER_MODULE, "--model", str(tiny_llama)]
     assert "<port>" in argv and argv[argv.index("--dtype") + 1] == "bfloat16"
-    assert made["model"] == str(tiny_llama) and made["model_sha256"]
+    assert made.model == str(tiny_llama) and made.model_sha256
     shipped = (SHIPPED_PRESET_DIR / "vllm-cpu-ar.yaml").read_bytes()
-    assert made["preset_sha256"] == hashlib.sha256(shipped).hexdigest()
+    assert made.preset_sha256 == hashlib.sha256(shipped).hexdigest()
 
 
 async def test_a_server_that_dies_mid_run_makes_it_invalid(vllm_servers: VllmServers) -> None:

@@ -4,7 +4,7 @@ from temporalio import activity
 
 from daedalus.activities.confined import ConfinedSteps, limits_note
 from daedalus.activities.refs import RUN_BUILD
-from daedalus.errors import maps_errors
+from daedalus.errors import GitError, maps_errors
 from daedalus.schemas.steps import BuildInput, BuildResult
 
 
@@ -19,6 +19,17 @@ class BuildActivities:
         artifacts = self.steps.workspace.attempt_artifacts(request.ticket_id, request.attempt)
         log = artifacts / "build.log"
         log.unlink(missing_ok=True)  # a retried build starts a fresh log
+        workdir = self.steps.workspace.worktree(request.ticket_id, request.attempt)
+        if not workdir.exists() and request.engine is not None:
+            # A ticket without an agent builds its engine as it stands at the commit it measures.
+            try:
+                self.steps.workspace.check_out_as_it_stands(
+                    request.ticket_id, request.attempt, request.engine, request.host
+                )
+            except GitError as error:
+                return BuildResult(
+                    ok=False, returncode=-1, log=str(log), log_tail=f"cannot check out: {error}"
+                )
         finished = await self.steps.run(
             request.command,
             ticket_id=request.ticket_id,

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from pathlib import Path
 
 from sqlalchemy import Engine
 from temporalio import activity
 
-from daedalus.campaigns.cells import measure_cell
+from daedalus.campaigns.cells import cell_dirname, measure_cell
 from daedalus.schemas.campaigns import CampaignRecord, CellInput, CellResult
 from daedalus.store import campaigns as campaign_store
 from daedalus.store.database import session_scope
@@ -25,8 +24,13 @@ class CampaignCellActivities:
         self.artifacts = artifacts
 
     def cell_dir(self, request: CellInput) -> Path:
-        safe = re.sub(r"[^A-Za-z0-9._=-]+", "_", request.cell.key)
-        return self.artifacts / "campaigns" / request.campaign_id / (request.filing or "adhoc") / safe
+        return (
+            self.artifacts
+            / "campaigns"
+            / request.campaign_id
+            / (request.filing or "adhoc")
+            / cell_dirname(request.cell)
+        )
 
     @activity.defn(name="measure_campaign_cell")
     async def measure_campaign_cell(self, request: CellInput) -> CellResult:

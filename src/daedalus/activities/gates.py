@@ -3,13 +3,15 @@
 
 import json
 import os
+import time
 from pathlib import Path
 
 from pydantic import ValidationError
 from temporalio import activity
 
-from daedalus.activities.confined import ConfinedSteps, limits_note
+from daedalus.activities.confined import ConfinedSteps, limits_note, startup_clock_path
 from daedalus.activities.refs import RUN_GATE
+from daedalus.engines.startup_clock import startup_seconds
 from daedalus.errors import GitError, maps_errors
 from daedalus.gates.verdicts import decide
 from daedalus.hosts.mirrors import EngineRepoUnavailable
@@ -45,24 +47,36 @@ class GateActivities:
                 self._checkout_as_it_stands(request, workdir)
             except (GitError, EngineRepoUnavailable) as error:
                 return self._invalid(request, f"cannot check out what to measure: {error}", {})
+        scratch = artifacts / f"{stem}-scratch"
+        began = time.monotonic()
         finished = await self.steps.run(
             gate.command,
             ticket_id=request.ticket_id,
             attempt=request.attempt,
-            scratch=artifacts / f"{stem}-scratch",
+            scratch=scratch,
             log_path=log_path,
             stdout_path=stdout_path,
             timeout_s=gate.timeout_s,
             heartbeat=activity.heartbeat,
             pidfile=pidfile,
             lease=request.lease,
+            startup_budget_s=request.startup_s,
         )
         evidence = {"stdout": str(stdout_path), "log": str(log_path)}
+        if request.startup_s:
+            starting = startup_seconds(startup_clock_path(scratch), since=began, now=time.monotonic(),
+                                       budget_s=request.startup_s)  # fmt: skip
+            evidence["engine_startup_s"] = f"{starting:.1f} of {request.startup_s} (not counted in timeout_s)"
         if finished.limits_hit:
             return self._invalid(request, f"gate command {limits_note(finished)}", evidence)
         if finished.timed_out or finished.returncode != 0:
             what = (
                 f"timed out after {gate.timeout_s}s"
+                + (
+                    f" of measuring (engine start-ups: {evidence['engine_startup_s']})"
+                    if request.startup_s
+                    else ""
+                )
                 if finished.timed_out
                 else f"exited {finished.returncode}"
             )

@@ -8,22 +8,43 @@ that will not start or dies is the cell's finding (CRASHED, with the log), not a
 
 from __future__ import annotations
 
+import json
+import re
+import statistics
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from daedalus.engines.measure import ensure_build, measure
+from daedalus.engines.bench import Side, benchmark
+from daedalus.engines.hf_tiny_model import HF_MODELS, ensure_hf_model
+from daedalus.engines.measure import _from_bench, ensure_build, measure
 from daedalus.engines.presets import load_preset
-from daedalus.engines.quality import garbage, needle_probe
+from daedalus.engines.quality import (
+    garbage,
+    greedy_streams,
+    identity_probes,
+    identity_result,
+    judge_identity,
+    needle_probe,
+)
 from daedalus.engines.runner import launched
 from daedalus.engines.tiny_model import MODELS, ensure_model
+from daedalus.engines.vllm import prefix_caching_problem
 from daedalus.errors import BuildError, EngineError, EngineSetupError
 from daedalus.gates.statistics import clopper_pearson
 from daedalus.gates.verdicts import decide
 from daedalus.schemas.campaigns import CampaignCell, CampaignSpec, CellOutcome, CellResult
-from daedalus.schemas.engines import DraftSpec, LlamaCppPreset, SpeculativeConfig, VllmPreset, Workload
+from daedalus.schemas.engines import (
+    DraftSpec,
+    GreedyStream,
+    IdentityProbe,
+    LlamaCppPreset,
+    SpeculativeConfig,
+    VllmPreset,
+    Workload,
+)
 from daedalus.schemas.gates import GateSpec, Metric, Verdict
 
 QUANTIZED_V_NEEDS_FLASH_ATTN = ("f16", "f32", "bf16")
@@ -65,11 +86,28 @@ def cell_preset(
             "kv_cache_dtype": cell.kv,
             "max_model_len": cell.context,
             "max_num_seqs": max(cell.users, base.max_num_seqs or 1),
-            "speculative": SpeculativeConfig(num_speculative_tokens=cell.speculative_k)
-            if cell.speculative_k
-            else None,
+            "speculative": _speculative(spec, cell, base.speculative),
         }
     )
+
+
+def _speculative(
+    spec: CampaignSpec, cell: CampaignCell, base: SpeculativeConfig | None
+) -> SpeculativeConfig | None:
+    """The cell's --speculative-config: the campaign's method (else the base preset's, else MTP) drafting the cell's
+    k tokens, n-gram cells with the cell's lookup window (else the base preset's)."""
+    if not cell.speculative_k:
+        return None
+    method = spec.speculative_method or (base.method if base is not None else "mtp")
+    fields: dict[str, object] = {"method": method, "num_speculative_tokens": cell.speculative_k}
+    if method == "ngram":
+        low, high = cell.lookup or (
+            (base.prompt_lookup_min, base.prompt_lookup_max) if base is not None else (None, None)
+        )
+        fields |= {"prompt_lookup_min": low, "prompt_lookup_max": high}
+    elif base is not None and base.method == method and base.model is not None:
+        fields["model"] = base.model
+    return SpeculativeConfig.model_validate(fields)
 
 
 def needle_lengths(context: int) -> tuple[int, int]:
@@ -79,7 +117,12 @@ def needle_lengths(context: int) -> tuple[int, int]:
 
 
 def model_path(spec: CampaignSpec) -> Path:
-    return ensure_model(spec.model) if spec.model in MODELS else Path(spec.model).expanduser()
+    """The campaign's model: a tiny GGUF model or the tiny Hugging Face one by name (written once), or a path."""
+    if spec.model in MODELS:
+        return ensure_model(spec.model)
+    if spec.model in HF_MODELS:
+        return ensure_hf_model(spec.model)
+    return Path(spec.model).expanduser()
 
 
 def _write_preset(preset: LlamaCppPreset | VllmPreset, workdir: Path) -> Path:
@@ -117,6 +160,8 @@ async def measure_cell(
         users=[cell.users], rounds=spec.rounds, max_tokens=spec.max_tokens, prompt_words=spec.prompt_words
     )
     evidence = {"preset": str(preset_path), "workdir": str(workdir)}
+    if isinstance(preset, VllmPreset):
+        return await _measure_vllm_cell(spec, cell, preset, model, workload, workdir, base, evidence, host)
     try:
         decode = await measure(
             Metric.DECODE_TPS, str(preset_path), model, workload=workload, workdir=workdir / "decode"
@@ -208,3 +253,101 @@ def _not_runnable_here(base: dict[str, Any], error: EngineError) -> CellResult:
         detail=" ".join(f"this worker cannot run the cell: {error}".split())[:300],
         measured_at=datetime.now(UTC),
     )
+
+
+IDENTITY_STREAMS = "temp0-streams.json"
+"""A plain cell's temp-0 streams, kept in its directory: the speculative cells of its group are judged against it."""
+
+
+def cell_dirname(cell: CampaignCell) -> str:
+    """A cell's directory under its campaign's (the key made safe for a file name)."""
+    return re.sub(r"[^A-Za-z0-9._=-]+", "_", cell.key)
+
+
+async def _measure_vllm_cell(
+    spec: CampaignSpec,
+    cell: CampaignCell,
+    preset: VllmPreset,
+    model: Path,
+    workload: Workload,
+    workdir: Path,
+    base: dict[str, Any],
+    evidence: dict[str, str],
+    host: str,
+) -> CellResult:
+    """A vLLM cell on one server start (a start costs minutes; the rounds and probes, seconds): decode rounds with
+    their acceptance, then the needle and the temp-0 identity probes on the same server. A speculative cell's
+    identity is judged against its plain cell's streams, measured before it (k = 0 comes first in its group)."""
+    probes = identity_probes(spec.identity_probes) if spec.probe_identity else ()
+    try:
+        async with launched(preset, model, workdir / "server", build=None) as server:
+            problem = await prefix_caching_problem(server)
+            bench = await benchmark(Side(name=preset.name, server=server), workload, run_id=cell_dirname(cell),
+                                    model=str(model))  # fmt: skip
+            needle = (
+                await needle_probe(server, lengths=needle_lengths(cell.context))
+                if spec.probe_needle
+                else None
+            )
+            streams = await greedy_streams(server, probes) if probes else []
+    except (EngineSetupError, BuildError) as error:
+        return _not_runnable_here(base, error)
+    except EngineError as error:
+        evidence["log_tail"] = _log_tail(workdir / "server")
+        return CellResult(**base, outcome=CellOutcome.CRASHED, detail=" ".join(str(error).split())[:300],
+                          evidence=evidence, measured_at=datetime.now(UTC))  # fmt: skip
+    artifact = workdir / "bench.json"
+    artifact.write_text(bench.model_dump_json(indent=2))
+    if problem:
+        bench = bench.model_copy(update={"invalid_reasons": [*bench.invalid_reasons, problem]})
+    decode = _from_bench(Metric.DECODE_TPS, bench, artifact)
+    judged = decide(DECODE_GATE, decode, host=host)
+    evidence.update({k: v for k, v in decode.evidence.items() if v})
+    if judged.verdict is Verdict.INVALID:
+        return CellResult(**base, outcome=CellOutcome.INVALID, detail=judged.reason, samples=decode.samples,
+                          evidence=evidence, measured_at=datetime.now(UTC))  # fmt: skip
+    result: dict[str, Any] = {"decode_tps": judged.median, "ci_low": judged.ci_low, "ci_high": judged.ci_high,
+                              "cv": judged.cv, "samples": decode.samples, "method": judged.method}  # fmt: skip
+    if cell.speculative_k:
+        accepted = _from_bench(Metric.ACCEPTANCE_LENGTH, bench, artifact)
+        if accepted.invalid_reason is None:
+            result["acceptance_length"] = statistics.median(accepted.samples)
+            evidence["acceptance_per_round"] = ", ".join(f"{a:.2f}" for a in accepted.samples)
+        else:
+            evidence["acceptance"] = accepted.invalid_reason
+    if needle is not None:
+        low, _ = clopper_pearson(needle.found, needle.total)
+        result.update(needle_found=needle.found, needle_total=needle.total, needle_lower=low)
+        result["garbage"] = ", ".join(
+            sorted({f.kind.value for t in needle.trials for f in garbage(t.answer)})
+        )
+    if probes:
+        identity = _identity(cell, probes, streams, workdir, evidence)
+        if identity is not None:
+            result.update(identity_passed=identity[0], identity_total=identity[1])
+    return CellResult(**base, outcome=CellOutcome.MEASURED, evidence=evidence, measured_at=datetime.now(UTC),
+                      **result)  # fmt: skip
+
+
+def _identity(
+    cell: CampaignCell,
+    probes: tuple[IdentityProbe, ...],
+    streams: list[GreedyStream],
+    workdir: Path,
+    evidence: dict[str, str],
+) -> tuple[int, int] | None:
+    """A plain cell keeps its streams (and is its own baseline); a speculative one is judged against them."""
+    mine = workdir / IDENTITY_STREAMS
+    mine.write_text(json.dumps([s.model_dump(mode="json") for s in streams]))
+    if not cell.speculative_k:
+        return len(streams), len(streams)
+    baseline_file = workdir.parent / cell_dirname(cell.plain()) / IDENTITY_STREAMS
+    if not baseline_file.is_file():
+        evidence["temp0_identity"] = f"no plain cell's streams at {baseline_file}: identity not judged"
+        return None
+    baseline = [GreedyStream.model_validate(s) for s in json.loads(baseline_file.read_text())]
+    judgements = [judge_identity(p, c, b) for p, c, b in zip(probes, streams, baseline, strict=True)]
+    result = identity_result(cell.preset_name, cell.plain().preset_name, judgements)
+    (workdir / "temp0_identity.json").write_text(result.model_dump_json(indent=2))
+    evidence["temp0_identity"] = result.detail
+    return sum(j.passed for j in judgements), len(judgements)

@@ -40,6 +40,14 @@ def cell_ok(result: CellResult, spec: CampaignSpec, baseline: CellResult | None)
         )
         if extra:
             return False
+    if (
+        spec.probe_identity
+        and result.cell.speculative_k
+        and (result.identity_total is None or (result.identity_passed or 0) < result.identity_total)
+    ):
+        return (
+            False  # speculation that changes temp-0 output (the seed's k=4, struck on quality), or unjudged
+        )
     limit = c.max_ppl_delta_pct
     return limit is None or (result.ppl_delta_pct is not None and result.ppl_delta_pct <= limit)
 

@@ -3,7 +3,8 @@
 It starts the embedded stack, builds llama.cpp from source if it is not cached, files the local ticket
 modelled on ticket 4 under the demo's policy (examples/policy.yaml), lets the lead approve the dispatch on
 Wayne's behalf (the policy's standing delegation, named in the spec), and prints every audit event as it
-happens until the ticket closes.
+happens until the ticket closes. `--ticket examples/tickets/local-vllm-4.yaml` runs ticket 4 on vLLM's CPU build
+instead (installed by `daedalus engine install vllm`).
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ from daedalus.errors import AgentConfigError, DevServerError, EngineError, Setup
 from daedalus.escaping import for_terminal as shown
 from daedalus.hosts.registry import load_registry
 from daedalus.ports import port_is_open
-from daedalus.schemas.ticket import AgentName, Decision, DecisionKind, TicketSpec, TicketState
+from daedalus.schemas.ticket import AgentName, Decision, DecisionKind, EngineKind, TicketSpec, TicketState
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 DEMO_TICKET = EXAMPLES / "tickets" / "local-4.yaml"
-DEMO_REPO_TEMPLATE = EXAMPLES / "demo" / "serving-config"
+DEMO_REPOS = EXAMPLES / "demo"
+"""The engine repos a demo ticket may name (`repo: .daedalus/demo/<name>`): each is copied from here."""
 DEMO_POLICY = EXAMPLES / "policy.yaml"
 """The policy the demo runs under when DAEDALUS_POLICY_FILE names none."""
 LEAD = "lead"
@@ -53,7 +55,10 @@ class DemoAgent(StrEnum):
 
 
 def demo(
-    ticket: Annotated[Path, typer.Option("-f", "--file", help="the ticket to run")] = DEMO_TICKET,
+    ticket: Annotated[
+        Path,
+        typer.Option("-f", "--file", "--ticket", help="the ticket to run (local-4, or local-vllm-4 on vLLM)"),
+    ] = DEMO_TICKET,
     wait_for_wayne: Annotated[
         float,
         typer.Option(
@@ -72,9 +77,6 @@ def demo(
     ] = None,
 ) -> None:
     """Run the local example ticket through dispatch, build, gates and close; print its audit trail."""
-    from daedalus.engines.measure import ensure_build  # the engine stack loads only when a command needs it
-    from daedalus.engines.tiny_model import ensure_model
-
     settings = _common.settings()
     try:
         spec = tickets.load_spec(ticket)
@@ -85,18 +87,13 @@ def demo(
         policy = load_policy(policy_file, load_registry(settings.hosts_file))
     except SetupError as error:
         fail(str(error))
-    console.rule("[bold]Daedalus demo")
-    console.print(
-        "1. the engine: llama.cpp built from source on this CPU (cached under .cache/ after the first time)"
-    )
     try:
-        build = run(ensure_build())
-    except EngineError as error:
-        fail(f"llama.cpp build failed: {error}")
-    console.print(
-        f"   llama-server at {build.bin_dir}; models: {ensure_model('small').name}, {ensure_model('medium').name}"
-    )
-    spec = _with_demo_repo(spec, settings)
+        template = demo_repo_template(spec)
+    except TicketError as error:
+        fail(str(error))
+    console.rule("[bold]Daedalus demo")
+    _prepare_engine(spec)
+    spec = with_demo_repo(spec, settings.home, template)
     if agent is not None and spec.agent is not None:
         spec = spec.model_copy(
             update={"agent": spec.agent.model_copy(update={"name": AgentName(agent.value)})}
@@ -124,12 +121,58 @@ def demo(
     console.rule(f"[bold]ticket {state.spec.id} closed: {state.status.value}")
 
 
-def _with_demo_repo(spec: TicketSpec, settings: Settings) -> TicketSpec:
-    """A fresh git repo from the template, so every demo run starts from the same base commit."""
-    repo = (settings.home / "demo" / "serving-config").resolve()
+def _prepare_engine(spec: TicketSpec) -> None:
+    """What the ticket's gates run: llama.cpp built from source, or vLLM's CPU build in its environment; and the
+    tiny models they serve."""
+    # The engine stack loads only when a command needs it.
+    if spec.engine is not None and spec.engine.kind is EngineKind.VLLM:
+        from daedalus.engines.hf_tiny_model import ensure_hf_model
+        from daedalus.engines.vllm_env import installed_environment
+
+        console.print(
+            "1. the engine: vLLM's CPU build in its own environment (`daedalus engine install vllm`)"
+        )
+        try:
+            env = installed_environment()
+            model = ensure_hf_model("tiny-llama", environment=env)
+        except EngineError as error:
+            fail(str(error))
+        console.print(f"   {env.vllm_version()} at {env.root}; model: {model.name}")
+        return
+    from daedalus.engines.measure import ensure_build
+    from daedalus.engines.tiny_model import ensure_model
+
+    console.print(
+        "1. the engine: llama.cpp built from source on this CPU (cached under .cache/ after the first time)"
+    )
+    try:
+        build = run(ensure_build())
+    except EngineError as error:
+        fail(f"llama.cpp build failed: {error}")
+    console.print(
+        f"   llama-server at {build.bin_dir}; models: {ensure_model('small').name}, {ensure_model('medium').name}"
+    )
+
+
+def demo_repo_template(spec: TicketSpec) -> Path:
+    """The template of the engine repo a demo ticket names (`repo: .daedalus/demo/<name>`): examples/demo/<name>."""
+    name = Path(spec.engine.repo).name if spec.engine is not None else ""
+    template = DEMO_REPOS / name
+    if spec.engine is None or Path(spec.engine.repo).parent.name != "demo" or not template.is_dir():
+        known = ", ".join(sorted(p.name for p in DEMO_REPOS.iterdir() if p.is_dir()))
+        raise TicketError(
+            f"ticket {spec.id} is not a demo ticket: its engine repo must be .daedalus/demo/<name>, with <name> one "
+            f"of the templates in {DEMO_REPOS} ({known}); got {spec.engine.repo if spec.engine else 'no engine'}"
+        )
+    return template
+
+
+def with_demo_repo(spec: TicketSpec, home: Path, template: Path) -> TicketSpec:
+    """A fresh git repo from the template under `home`/demo/, so every demo run starts from the same base commit."""
+    repo = (home / "demo" / template.name).resolve()
     if repo.exists():
         shutil.rmtree(repo)
-    shutil.copytree(DEMO_REPO_TEMPLATE, repo)
+    shutil.copytree(template, repo)
     for command in (
         ["git", "init", "-q", "-b", "main"],
         ["git", "add", "-A"],

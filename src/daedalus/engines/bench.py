@@ -22,7 +22,7 @@ import structlog
 from rich.progress import Progress
 
 from daedalus.engines.base import Server
-from daedalus.engines.metrics import SpecCounters, counter, spec_counters
+from daedalus.engines.metrics import SpecCounters, counter, segment_means_ms, segment_totals, spec_counters
 from daedalus.engines.tiny_model import _WORDS
 from daedalus.errors import EngineError
 from daedalus.gates.statistics import summarize
@@ -32,8 +32,12 @@ from daedalus.schemas.engines import (
     LlamaCppPreset,
     RoundResult,
     Summary,
+    VllmPreset,
     Workload,
 )
+
+PREEMPTED_REASON = "preempted or deferred requests; the claim is all users served at once"
+"""A run's invalid reason when requests were preempted: the claim of every gate but a preemptions gate."""
 
 log = structlog.get_logger(__name__)
 DISAGREEMENT_FLAG = 0.03
@@ -211,11 +215,27 @@ async def _measure_round(
 ) -> float:
     """Run one round on `side` and keep it; returns the client CPU it cost when measured (0 for a warm-up)."""
     spec_before = await _spec(side)
+    segments_before = await _segments(side)
     cpu_before = time.process_time()
     measured = await run_round(side, workload, users, round_no, warmup, pool)
     cpu = time.process_time() - cpu_before if not warmup else 0.0
+    segments_after = await _segments(side)
+    if segments_before is not None and segments_after is not None:
+        measured = measured.model_copy(
+            update={"segments_ms": segment_means_ms(segments_before, segments_after)}
+        )
     side.rounds.append(_with_acceptance(measured, spec_before, await _spec(side)))
     return cpu
+
+
+async def _segments(side: Side) -> dict[str, tuple[float, float]] | None:
+    """vLLM's request-time histograms (None for llama.cpp, whose per-request timings are in its responses)."""
+    if not isinstance(side.server.adapter.preset, VllmPreset):
+        return None
+    try:
+        return segment_totals(await asyncio.to_thread(side.server.metrics_text))
+    except EngineError:
+        return None
 
 
 async def _settle(side: Side, invalid: list[str]) -> None:
@@ -390,7 +410,7 @@ def _result(
     preemptions = sum(side.preempted for side in sides)
     cached = sum(side.cached for side in sides)
     if preemptions:
-        invalid.append(f"{preemptions} preempted or deferred requests; the claim is all users served at once")
+        invalid.append(f"{preemptions} {PREEMPTED_REASON}")
     if cached:
         invalid.append(f"{cached} prompt tokens served from the prefix cache; rounds must not be cache hits")
     results = [concurrency_result(candidate, u) for u in workload.users]

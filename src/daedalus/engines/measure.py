@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 import uuid
@@ -17,11 +18,20 @@ from typing import Annotated
 import structlog
 import typer
 
-from daedalus.engines.bench import Launch, ProgressFn, Side, benchmark, benchmark_alternating
+from daedalus.engines import startup_clock
+from daedalus.engines.bench import (
+    PREEMPTED_REASON,
+    Launch,
+    ProgressFn,
+    Side,
+    benchmark,
+    benchmark_alternating,
+)
 from daedalus.engines.capacity import capacity, kv_at, ladder
 from daedalus.engines.gpu import copy_bandwidth, floor_fractions, floor_tps, model_bytes_per_token
 from daedalus.engines.hf_tiny_model import HF_MODELS, ensure_hf_model
 from daedalus.engines.llama_build import CPU, BuildConfig, LlamaBuild, build_llama_cpp, cached_build
+from daedalus.engines.metrics import SEGMENTS
 from daedalus.engines.paths import default_llama_source
 from daedalus.engines.presets import load_preset
 from daedalus.engines.provenance import provenance, resolve_model
@@ -36,9 +46,10 @@ from daedalus.engines.quality import (
     temp0_identity,
     write_corpus,
 )
-from daedalus.engines.runner import launched
+from daedalus.engines.runner import launched, launched_together
 from daedalus.engines.tiny_model import MODELS, ensure_model
 from daedalus.engines.vllm import VllmKvCapacity, parse_kv_cache_log, parse_metrics, prefix_caching_problem
+from daedalus.engines.workspace import WorkspaceResult, decode_workspace
 from daedalus.errors import EngineError, UnsupportedMetric
 from daedalus.gates.statistics import clopper_pearson
 from daedalus.schemas.engines import (
@@ -74,6 +85,10 @@ METRIC_METHODS: dict[Metric, str] = {
     Metric.PREEMPTIONS: "benchmark: preempted or deferred requests during the measured rounds",
     Metric.CONCURRENT_USERS: "ladder, repeated per round: the largest N users served at once, no deferrals",
     Metric.FLOOR_FRACTION: "benchmark decode tok/s / (measured device copy GB/s / model bytes per token); GPU only",
+    Metric.DECODE_WORKSPACE_MIB: "one user's long request per round: the server process tree's peak RSS during it "
+    "minus the tree's RSS before any request (engines/workspace.py)",
+    Metric.SEGMENT_MS: "benchmark: per round, mean ms per request in one segment (--segment queue, prefill, decode, "
+    "inference or e2e) from vLLM's request histograms (/metrics deltas); every segment kept as evidence",
 }
 NEEDS_BASELINE = {Metric.COMPRESSION, Metric.TEMP0_IDENTITY, Metric.PPL_DELTA_PCT}
 
@@ -114,10 +129,14 @@ def build_config_for(*presets: LlamaCppPreset | VllmPreset | None) -> BuildConfi
     return BuildConfig.for_backend("cuda", archs)
 
 
-def _series(result: ConcurrencyResult, metric: Metric, bench: BenchResult, position: int = 1) -> list[float]:
+def _series(
+    result: ConcurrencyResult, metric: Metric, bench: BenchResult, position: int = 1, segment: str = "decode"
+) -> list[float]:
     measured = [
         r for r in bench.rounds if r.preset == result.preset and r.users == result.users and not r.warmup
     ]
+    if metric is Metric.SEGMENT_MS:
+        return [r.segments_ms[segment] for r in measured if segment in r.segments_ms]
     if metric is Metric.ACCEPTANCE_LENGTH:
         return [r.acceptance_length for r in measured if r.acceptance_length is not None]
     if metric is Metric.POSITION_ACCEPTANCE:
@@ -142,19 +161,35 @@ def _series(result: ConcurrencyResult, metric: Metric, bench: BenchResult, posit
     raise UnsupportedMetric(f"{metric.value} is not a benchmark series")
 
 
-def _from_bench(metric: Metric, bench: BenchResult, artifact: Path, *, position: int = 1) -> GateMeasurement:
+def _from_bench(
+    metric: Metric, bench: BenchResult, artifact: Path, *, position: int = 1, segment: str = "decode"
+) -> GateMeasurement:
     evidence = {
         "artifact": str(artifact),
         "server_log": bench.server_log or "",
         "flags": "; ".join(bench.flags),
     }
+    if metric is Metric.SEGMENT_MS:
+        # Where each measured round's time went, every segment, beside the one gated.
+        for r in bench.rounds:
+            if not r.warmup and r.segments_ms:
+                split = ", ".join(f"{k} {v:.1f}" for k, v in r.segments_ms.items())
+                evidence[f"{r.preset} round {r.round} ms"] = split
     invalid = "; ".join(bench.invalid_reasons) or None
     if metric is Metric.PREEMPTIONS:
-        return GateMeasurement(samples=[float(bench.preemptions)], unit="requests", method="benchmark",
-                               evidence=evidence, invalid_reason=invalid,
+        # The preemptions are what this gate measures, not what broke its measurement: FAIL, never INVALID.
+        others = [r for r in bench.invalid_reasons if not r.endswith(PREEMPTED_REASON)]
+        return GateMeasurement(samples=[float(bench.preemptions)], unit="requests",
+                               method=f"benchmark, {bench.workload.rounds} rounds at {bench.workload.users} users: "
+                                      "preempted or deferred requests over the measured rounds (/metrics deltas)",
+                               evidence=evidence, invalid_reason="; ".join(others) or None,
                                failed_requests=bench.failed_requests)  # fmt: skip
-    samples = _series(bench.results[0], metric, bench, position)
-    baseline = _series(bench.baseline_results[0], metric, bench, position) if bench.baseline_results else None
+    samples = _series(bench.results[0], metric, bench, position, segment)
+    baseline = (
+        _series(bench.baseline_results[0], metric, bench, position, segment)
+        if bench.baseline_results
+        else None
+    )
     if not samples:
         invalid = invalid or (
             "no measured round drafted a token (does the preset speculate?)"
@@ -167,9 +202,10 @@ def _from_bench(metric: Metric, bench: BenchResult, artifact: Path, *, position:
         n = min(len(baseline), len(samples)) or 1
         samples, baseline = (samples[:n] or [0.0]), (baseline[:n] or [0.0])
     unit = {"decode_tps": "tok/s", "prefill_tps": "tok/s", "ttft_ms": "ms", "tpot_ms": "ms",
-            "acceptance_length": "tokens/step", "position_acceptance": f"share accepted at position {position}"}[
-        metric.value]  # fmt: skip
-    source = ("/metrics deltas per round" if metric in (Metric.ACCEPTANCE_LENGTH, Metric.POSITION_ACCEPTANCE)
+            "acceptance_length": "tokens/step", "position_acceptance": f"share accepted at position {position}",
+            "segment_ms": f"ms per request in {segment}"}[metric.value]  # fmt: skip
+    source = ("/metrics deltas per round"
+              if metric in (Metric.ACCEPTANCE_LENGTH, Metric.POSITION_ACCEPTANCE, Metric.SEGMENT_MS)
               else f"{bench.results[0].timing_source} timings")  # fmt: skip
     return GateMeasurement(
         samples=samples, baseline_samples=baseline, unit=unit,
@@ -208,7 +244,7 @@ def capacity_measurement(metric: Metric, cap: CapacityResult, artifact: Path) ->
 
 BENCH_METRICS = frozenset({
     Metric.DECODE_TPS, Metric.PREFILL_TPS, Metric.TTFT_MS, Metric.TPOT_MS, Metric.PREEMPTIONS,
-    Metric.ACCEPTANCE_LENGTH, Metric.POSITION_ACCEPTANCE,
+    Metric.ACCEPTANCE_LENGTH, Metric.POSITION_ACCEPTANCE, Metric.SEGMENT_MS,
 })  # fmt: skip
 LLAMA_ONLY = {
     Metric.KIB_PER_TOKEN: "KiB/token is a slope of host RSS over context sizes; on vLLM read kv_pool_tokens",
@@ -243,6 +279,7 @@ async def measure(
     workdir: Path | None = None,
     position: int = 1,
     probes: int = SEED_PROBE_COUNT,
+    segment: str = "decode",
 ) -> GateMeasurement:
     """Run whatever produces `metric` and return it as a gate measurement, with its provenance."""
     check_metric(metric, baseline=baseline_ref is not None)
@@ -251,6 +288,11 @@ async def measure(
     presets = [p for p in (preset, baseline) if p is not None]
     if metric in LLAMA_ONLY and any(isinstance(p, VllmPreset) for p in presets):
         raise UnsupportedMetric(f"{metric.value} is measured on llama.cpp presets: {LLAMA_ONLY[metric]}")
+    if metric is Metric.SEGMENT_MS and not isinstance(preset, VllmPreset):
+        raise UnsupportedMetric("segment_ms reads vLLM's request histograms; on llama.cpp gate its own timings "
+                                "(prefill_tps, decode_tps, ttft_ms)")  # fmt: skip
+    if metric is Metric.SEGMENT_MS and segment not in SEGMENTS:
+        raise UnsupportedMetric(f"--segment {segment!r} is not one of vLLM's: {', '.join(SEGMENTS)}")
     if metric is Metric.MAX_CONCURRENCY and not isinstance(preset, VllmPreset):
         raise UnsupportedMetric("max_concurrency is vLLM's start-up report; llama.cpp prints no such figure")
     if metric is Metric.FLOOR_FRACTION and not (
@@ -266,9 +308,12 @@ async def measure(
     workload = workload or Workload()
     made = provenance(preset_ref, preset, model, build=build, artifacts=workdir, baseline=baseline,
                       workload=workload if metric in BENCH_METRICS else None,
-                      extra={"position": str(position)} if metric is Metric.POSITION_ACCEPTANCE else None)  # fmt: skip
+                      extra={"position": str(position)} if metric is Metric.POSITION_ACCEPTANCE
+                      else {"segment": segment} if metric is Metric.SEGMENT_MS else None)  # fmt: skip
     (workdir / "provenance.json").write_text(made.model_dump_json(indent=2))
-    measured = await _measure(metric, preset, baseline, model, workdir, build, workload, position, probes)
+    measured = await _measure(
+        metric, preset, baseline, model, workdir, build, workload, position, probes, segment
+    )
     measured = measured.model_copy(update={"provenance": made})
     (workdir / "measurement.json").write_text(measured.model_dump_json(indent=2))
     return measured
@@ -292,18 +337,19 @@ async def bench_presets(
         return await benchmark_alternating((preset.name, _launch(preset, model, workdir, build)),
                                            (baseline.name, _launch(baseline, model, workdir, build)),
                                            workload, run_id=run_id, model=str(model), on_progress=on_progress)  # fmt: skip
-    async with launched(preset, model, workdir / "candidate", build=build) as server:
-        problem = await prefix_caching_problem(server)
-        cand = Side(name=preset.name, server=server)
-        if baseline is None:
-            bench = await benchmark(cand, workload, run_id=run_id, model=str(model), on_progress=on_progress,
-                                    show_progress=show_progress)  # fmt: skip
-        else:
-            async with launched(baseline, model, workdir / "baseline", build=build) as base_server:
-                problem = problem or await prefix_caching_problem(base_server)
-                bench = await benchmark(cand, workload, run_id=run_id, model=str(model), on_progress=on_progress,
-                                        show_progress=show_progress,
-                                        baseline=Side(name=baseline.name, server=base_server))  # fmt: skip
+    if baseline is None:
+        async with launched(preset, model, workdir / "candidate", build=build) as server:
+            problem = await prefix_caching_problem(server)
+            bench = await benchmark(Side(name=preset.name, server=server), workload, run_id=run_id,
+                                    model=str(model), on_progress=on_progress, show_progress=show_progress)  # fmt: skip
+    else:
+        # Both resident: started together, so their start-ups overlap.
+        async with launched_together((preset, model, workdir / "candidate"),
+                                     (baseline, model, workdir / "baseline"), build=build) as (server, base_server):  # fmt: skip
+            problem = await prefix_caching_problem(server) or await prefix_caching_problem(base_server)
+            bench = await benchmark(Side(name=preset.name, server=server), workload, run_id=run_id,
+                                    model=str(model), on_progress=on_progress, show_progress=show_progress,
+                                    baseline=Side(name=baseline.name, server=base_server))  # fmt: skip
     if problem:
         bench = bench.model_copy(update={"invalid_reasons": [*bench.invalid_reasons, problem]})
     return bench
@@ -326,6 +372,7 @@ async def _measure(
     workload: Workload,
     position: int,
     probes: int,
+    segment: str = "decode",
 ) -> GateMeasurement:
     if metric is Metric.FLOOR_FRACTION:
         return await _floor_fraction(preset, model, workload, workdir, build)
@@ -334,7 +381,13 @@ async def _measure(
                                     run_id=workdir.name)  # fmt: skip
         artifact = workdir / "bench.json"
         artifact.write_text(bench.model_dump_json(indent=2))
-        return _from_bench(metric, bench, artifact, position=position)
+        return _from_bench(metric, bench, artifact, position=position, segment=segment)
+
+    if metric is Metric.DECODE_WORKSPACE_MIB:
+        async with launched(preset, model, workdir / "workspace", build=build) as server:
+            used = await decode_workspace(server, workload.model_copy(update={"users": [1]}))
+            log_text, metrics_text = server.log_text(), await asyncio.to_thread(server.metrics_text)
+        return workspace_measurement(used, preset, log_text, metrics_text, workdir)
 
     if metric in (Metric.KV_POOL_TOKENS, Metric.MAX_CONCURRENCY) and isinstance(preset, VllmPreset):
         async with launched(preset, model, workdir / "capacity", build=build) as server:
@@ -367,9 +420,9 @@ async def _measure(
             ]
             t0 = identity_result(preset.name, baseline.name, judgements)
         else:
-            async with (launched(preset, model, workdir / "candidate", build=build) as cand_server,
-                        launched(baseline, model, workdir / "baseline", build=build) as base_server):  # fmt: skip
-                t0 = await temp0_identity(cand_server, base_server, probes=probe_set)
+            async with launched_together((preset, model, workdir / "candidate"),
+                                         (baseline, model, workdir / "baseline"), build=build) as servers:  # fmt: skip
+                t0 = await temp0_identity(servers[0], servers[1], probes=probe_set)
         artifact = workdir / "temp0_identity.json"
         artifact.write_text(t0.model_dump_json(indent=2))
         return GateMeasurement(samples=[1.0 if j.passed else 0.0 for j in t0.judgements], unit="probes passing",
@@ -412,6 +465,39 @@ async def _measure(
                                          "baseline_ppl": f"{ppl.baseline_ppl} +/- {ppl.baseline_ppl_err}",
                                          "delta_err_pct": f"{ppl.delta_err_pct}"})  # fmt: skip
     raise UnsupportedMetric(f"metric {metric.value!r} has no measurement")
+
+
+def workspace_measurement(
+    used: WorkspaceResult,
+    preset: LlamaCppPreset | VllmPreset,
+    log_text: str,
+    metrics_text: str,
+    workdir: Path,
+) -> GateMeasurement:
+    """The decode workspace per round, with the pool and the prompt beside it; a refused prompt is INVALID."""
+    artifact = workdir / "workspace.json"
+    artifact.write_text(used.model_dump_json(indent=2))
+    evidence = {"artifact": str(artifact), "idle_mib": f"{used.idle_mib:.1f}",
+                "prompt_tokens": ", ".join(map(str, used.prompt_tokens)),
+                "peaks_mib": ", ".join(f"{p:.1f}" for p in used.peaks_mib)}  # fmt: skip
+    if isinstance(preset, VllmPreset):
+        evidence["max_model_len"] = str(preset.max_model_len)
+        try:
+            evidence["log_pool_tokens"] = str(parse_kv_cache_log(log_text).pool_tokens)
+        except EngineError:
+            evidence["log_pool_tokens"] = "None"
+        if metrics_text:
+            evidence["metrics_pool_tokens"] = str(parse_metrics(metrics_text).pool_tokens)
+    invalid = (
+        f"the server refused the prompt: {used.refused}"
+        if used.refused
+        else None
+        if used.samples_mib
+        else "no measured round"
+    )
+    return GateMeasurement(samples=used.samples_mib or [0.0], unit="MiB", invalid_reason=invalid, evidence=evidence,
+                           method="peak RSS of the server's process tree during one user's request (sampled every "
+                                  "20 ms) minus its RSS before any request, per round after the warm-up")  # fmt: skip
 
 
 def vllm_capacity_measurement(
@@ -516,12 +602,19 @@ def main(
     probes: Annotated[
         int, typer.Option(min=1, help="temp0_identity: probe prompts (the seed's 6d: 60)")
     ] = 60,
+    segment: Annotated[
+        str,
+        typer.Option(help="segment_ms: queue, prefill, decode, inference or e2e (vLLM's request histograms)"),
+    ] = "decode",
     workdir: Annotated[
         Path | None, typer.Option(help="artifacts; default under the artifact directory")
     ] = None,
 ) -> None:
     # stdout carries exactly one JSON object; logs go to stderr.
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
+    # Run as a gate, its engines' start-ups are timed apart from its measuring (engines/startup_clock.py).
+    clock = os.environ.get(startup_clock.STARTUP_CLOCK_ENV)
+    startup_clock.configure(Path(clock) if clock else None)
     workload = Workload(users=[users], rounds=rounds, max_tokens=max_tokens, prompt_words=prompt_words)
     try:
         model_ref = (
@@ -532,7 +625,7 @@ def main(
             else model
         )
         result = asyncio.run(measure(metric, preset, model_ref, baseline_ref=baseline_preset, workload=workload,
-                                     workdir=workdir, position=position, probes=probes))  # fmt: skip
+                                     workdir=workdir, position=position, probes=probes, segment=segment))  # fmt: skip
     except EngineError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

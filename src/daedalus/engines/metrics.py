@@ -97,3 +97,36 @@ def spec_counters(text: str) -> SpecCounters:
                 accepted_per_position={int(k): v for k, v in per_pos.items()},
             )
     return SpecCounters()
+
+
+SEGMENTS = {
+    "queue": "vllm:request_queue_time_seconds",
+    "prefill": "vllm:request_prefill_time_seconds",
+    "decode": "vllm:request_decode_time_seconds",
+    "inference": "vllm:request_inference_time_seconds",
+    "e2e": "vllm:e2e_request_latency_seconds",
+}
+"""Where a request's time goes, as vLLM's own per-request histograms split it (queue + inference = e2e, and
+inference = prefill + decode); the seed's P0 profiling split a step into segments the same way."""
+
+
+def segment_totals(text: str) -> dict[str, tuple[float, float]]:
+    """Each segment's histogram (sum of seconds, count of requests) so far; segments the engine lacks are absent."""
+    values = flatten(text)
+    return {
+        name: (values[f"{metric}_sum"], values[f"{metric}_count"])
+        for name, metric in SEGMENTS.items()
+        if f"{metric}_count" in values and f"{metric}_sum" in values
+    }
+
+
+def segment_means_ms(
+    before: Mapping[str, tuple[float, float]], after: Mapping[str, tuple[float, float]]
+) -> dict[str, float]:
+    """Mean milliseconds per request in each segment between two readings (segments with no request left out)."""
+    means = {}
+    for name, (total, count) in after.items():
+        total_before, count_before = before.get(name, (0.0, 0.0))
+        if count > count_before:
+            means[name] = (total - total_before) / (count - count_before) * 1000.0
+    return means

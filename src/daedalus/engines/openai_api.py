@@ -84,6 +84,17 @@ class OpenAIEndpoint:
     async def served_model(self) -> str:
         return await asyncio.to_thread(self.served_model_blocking)
 
+    def prompt_tokens_blocking(self, prompt: str) -> int | None:
+        """The prompt's length in the served model's tokens, from vLLM's /tokenize (None where there is none)."""
+        try:
+            answer = self._request(
+                "POST", "/tokenize", {"model": self.served_model_blocking(), "prompt": prompt}
+            )
+        except ApiError:
+            return None
+        count = answer.get("count") if isinstance(answer, dict) else None
+        return count if isinstance(count, int) else None
+
     # --- benchmarks -------------------------------------------------------------------------------------
 
     def stream_blocking(self, prompt: str, *, max_tokens: int, seed: int, user: int) -> RequestSample:

@@ -20,6 +20,7 @@ from pydantic import Field
 from daedalus.engines.base import EngineAdapter, Server
 from daedalus.engines.metrics import counter, flatten, labels
 from daedalus.engines.vllm_env import SERVER_MODULE, VllmEnvironment, resolve_environment
+from daedalus.engines.vllm_overlay import Overlay, find_overlay
 from daedalus.errors import EngineError, EngineSetupError
 from daedalus.schemas._base import Model
 from daedalus.schemas.engines import VllmPreset
@@ -66,6 +67,34 @@ def parse_kv_cache_log(text: str) -> VllmKvCapacity:
         max_concurrency=float(conc[-1]["x"].replace(",", "")) if conc else None,
         concurrency_len=_int(conc[-1]["len"]) if conc else None,
     )
+
+
+_RANK = re.compile(r"world_size=(?P<world>\d+) rank=(?P<rank>\d+) local_rank=\d+")
+_BINDING = re.compile(r"local_rank=(?P<rank>\d+), core ids=\[(?P<cores>[\d, ]*)\]")
+
+
+class VllmParallelism(Model):
+    """What a start-up log says of tensor parallelism: the world size, the ranks that joined it, and (CPU build)
+    the cores each rank's OpenMP threads were bound to."""
+
+    world_size: int | None = None
+    ranks: list[int] = Field(default_factory=list)
+    cores: dict[int, list[int]] = Field(default_factory=dict)
+
+
+def parse_parallel_log(text: str) -> VllmParallelism:
+    """The ranks of the last start in a log (`world_size=2 rank=1 local_rank=1 ...`, one line per worker) and their
+    CPU bindings (`local_rank=0, core ids=[0]`)."""
+    ranks = list(_RANK.finditer(text))
+    if not ranks:
+        return VllmParallelism()
+    world = int(ranks[-1]["world"])
+    joined = sorted({int(m["rank"]) for m in ranks[-world:]})
+    cores = {
+        int(m["rank"]): [int(c) for c in m["cores"].replace(" ", "").split(",") if c]
+        for m in _BINDING.finditer(text)
+    }
+    return VllmParallelism(world_size=world, ranks=joined, cores=cores)
 
 
 class VllmMetrics(Model):
@@ -171,6 +200,7 @@ class VllmAdapter(EngineAdapter):
         self.preset = preset
         self.executable = executable or preset.executable
         self._environment: VllmEnvironment | None = None
+        self._overlay: Overlay | None = None
 
     def engine_environment(self) -> VllmEnvironment | None:
         """The preset's engine environment (resolved once), or None when it runs an executable."""
@@ -178,7 +208,26 @@ class VllmAdapter(EngineAdapter):
             return None
         if self._environment is None:
             self._environment = resolve_environment(self.preset.environment)
+            self._overlay = self._checkout_overlay(self._environment)
         return self._environment
+
+    def overlay(self) -> Overlay | None:
+        """The engine repo's overlay this server runs with: built (`daedalus engine overlay`) in the checkout the
+        measurement runs in, over the preset's environment (engines/vllm_overlay.py)."""
+        self.engine_environment()
+        return self._overlay
+
+    def _checkout_overlay(self, env: VllmEnvironment) -> Overlay | None:
+        overlay = find_overlay(Path.cwd())
+        if overlay is None:
+            return None
+        if Path(overlay.stamp.environment).resolve() != env.root.resolve():
+            raise EngineSetupError(
+                f"the engine overlay in {overlay.checkout} was built over {overlay.stamp.environment}, and preset "
+                f"{self.preset.name} runs {env.root}: build the overlay over the preset's environment "
+                f"(`daedalus engine overlay --environment {self.preset.environment}`)"
+            )
+        return overlay
 
     def launcher(self, model: Path) -> list[str]:
         """`<env>/bin/python -m vllm.entrypoints.openai.api_server --model M` or `vllm serve M`."""
@@ -216,7 +265,8 @@ class VllmAdapter(EngineAdapter):
         return argv + list(p.extra_args)
 
     def environment(self) -> Mapping[str, str]:
-        return {**_OFFLINE_ENV, **self.preset.env}
+        overlay = self.overlay()
+        return {**_OFFLINE_ENV, **(overlay.environment() if overlay else {}), **self.preset.env}
 
     def request_extras(self) -> dict[str, object]:
         # Token ids, not strings, in logprobs: the identity probes compare ids.
@@ -234,7 +284,9 @@ class VllmAdapter(EngineAdapter):
                 return f"unknown ({found} is not a console script of a virtualenv)"
         stamp = env.stamp()
         installed = f"{env.vllm_version()} in {env.root}"
-        return f"{installed} (lock sha256 {stamp.lock_sha256[:12]})" if stamp else installed
+        identity = f"{installed} (lock sha256 {stamp.lock_sha256[:12]})" if stamp else installed
+        overlay = self.overlay()
+        return f"{identity} + {overlay.describe()}" if overlay else identity
 
     def validate(self, model: Path, port: int) -> None:
         # A model may be a Hugging Face id on GPU hosts, so only a path-looking model must exist.

@@ -155,8 +155,17 @@ def _campaign_table(campaign: CampaignView) -> list[str]:
         f"Host {cell(row.host)}, engine {cell(row.engine)}, model {cell(row.model)}; status **{row.status}**; "
         f"{len(campaign.cells)} cells, {len(campaign.crashed)} crashed. Provenance: {cell(prov or '-')}.",
         "",
-        "| preset | workload | decode tok/s (median) | interval | KiB/token | needle | quality | dPPL % | eligible |",
-        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    # A speculative campaign's figures (acceptance, temp-0 identity vs plain) are kept in the cells' evidence.
+    speculative = any(
+        "acceptance_length" in c.evidence or "identity_total" in c.evidence for c in campaign.cells
+    )
+    extra = " acceptance length | temp-0 identity |" if speculative else ""
+    lines += [
+        "| preset | workload | decode tok/s (median) | interval | KiB/token | needle | quality | dPPL % |"
+        + extra
+        + " eligible |",
+        "|---|---|---|---|---|---|---|---|" + ("---|---|" if speculative else "") + "---|",
     ]
     for c in campaign.cells:
         if c.outcome == "crashed":
@@ -169,10 +178,19 @@ def _campaign_table(campaign: CampaignView) -> list[str]:
         needle = f"{c.needle_found}/{c.needle_total}" if c.needle_total else "-"
         if c.needle_lower is not None:
             needle += f" (>= {c.needle_lower:.2f})"
+        columns = ""
+        if speculative:
+            accepted = c.evidence.get("acceptance_length")
+            identity = (
+                f"{c.evidence['identity_passed']}/{c.evidence['identity_total']}"
+                if "identity_total" in c.evidence
+                else "-"
+            )
+            columns = f" {fmt(float(accepted)) if accepted else '-'} | {identity} |"
         lines.append(
             f"| {cell(c.label)} | {cell(workload_label(c))} | {cell(figure)} | {interval} | {fmt(c.kib_per_token)} "
             f"| {needle} | {cell(c.garbage or ('clean' if c.outcome == 'measured' else '-'))} "
-            f"| {fmt(c.ppl_delta_pct)} | {'yes' if c.feasible else 'no'} |"
+            f"| {fmt(c.ppl_delta_pct)} |{columns} {'yes' if c.feasible else 'no'} |"
         )
     lines += [
         "",

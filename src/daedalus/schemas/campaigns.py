@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from enum import StrEnum
 from itertools import product
-from typing import Annotated
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -45,6 +45,20 @@ class CampaignAxes(Model):
     speculative_k: list[int] = Field(
         default_factory=lambda: [0], min_length=1, max_length=17, description="0 = no speculative decoding"
     )
+    lookup: list[tuple[int, int]] | None = Field(
+        default=None,
+        max_length=LIST_ITEMS,
+        description="n-gram lookup windows (prompt_lookup_min, prompt_lookup_max) each speculative cell is measured "
+        "with (the seed's speculative-length search: k x window); None: the base preset's window",
+    )
+
+    @field_validator("lookup")
+    @classmethod
+    def _windows(cls, values: list[tuple[int, int]] | None) -> list[tuple[int, int]] | None:
+        bad = [w for w in values or [] if not 1 <= w[0] <= w[1] <= 64]
+        if bad:
+            raise ValueError(f"a lookup window is (min, max) with 1 <= min <= max <= 64; got {bad}")
+        return values
 
     @field_validator("kv")
     @classmethod
@@ -102,6 +116,16 @@ class CampaignSpec(Model):
     prompt_words: int = Field(default=32, ge=1, le=100_000)
     probe_needle: bool = True
     probe_ppl: bool = False
+    probe_identity: bool = Field(
+        default=False,
+        description="vLLM: temp-0 identity of each speculative cell against the plain (k = 0) cell of its KV type, "
+        "context and users, near-tie rule; a cell with a probe that fails is not eligible",
+    )
+    identity_probes: int = Field(default=8, ge=1, le=60, description="how many of the seed's identity probes")
+    speculative_method: Literal["mtp", "ngram", "eagle", "eagle3", "draft_model"] | None = Field(
+        default=None,
+        description="vLLM: how speculative cells draft; None: the base preset's method, else mtp",
+    )
     constraints: QualityConstraints = Field(default_factory=QualityConstraints)
     speed_tolerance: float = Field(
         default=0.05, ge=0.0, lt=1.0, description="presets this close to the fastest count as equally fast"
@@ -124,9 +148,7 @@ class CampaignSpec(Model):
 
     @model_validator(mode="after")
     def _baseline_in_matrix(self) -> CampaignSpec:
-        cells = (
-            len(self.axes.kv) * len(self.axes.context) * len(self.axes.users) * len(self.axes.speculative_k)
-        )
+        cells = len(self.cells())
         if cells > MAX_CELLS:
             raise ValueError(
                 f"the axes make {cells} cells, more than the {MAX_CELLS} a campaign may measure; split it into "
@@ -139,14 +161,24 @@ class CampaignSpec(Model):
             )
         if self.constraints.max_ppl_delta_pct is not None and not self.probe_ppl:
             raise ValueError("constraints.max_ppl_delta_pct needs probe_ppl: true")
+        if self.probe_identity and 0 not in self.axes.speculative_k:
+            raise ValueError(
+                "probe_identity compares each speculative cell with plain decoding: add 0 to axes.speculative_k"
+            )
+        if self.axes.lookup is not None and self.speculative_method not in (None, "ngram"):
+            raise ValueError(
+                f"axes.lookup windows are n-gram settings; speculative_method is {self.speculative_method!r}"
+            )
         return self
 
     def cells(self) -> list[CampaignCell]:
         """Every combination of the axes, in a stable order (KV outermost, as the seed's tables read)."""
         a = self.axes
+        windows: list[tuple[int, int] | None] = [*a.lookup] if a.lookup else [None]
         return [
-            CampaignCell(kv=kv, context=ctx, users=users, speculative_k=k)
+            CampaignCell(kv=kv, context=ctx, users=users, speculative_k=k, lookup=window)
             for kv, ctx, users, k in product(a.kv, a.context, a.users, a.speculative_k)
+            for window in (windows if k else [None])
         ]
 
     def label(self, kv: str) -> str:
@@ -158,22 +190,31 @@ class CampaignCell(Model):
     context: int
     users: int
     speculative_k: int = 0
+    lookup: tuple[int, int] | None = Field(default=None, description="the n-gram lookup window (min, max)")
 
     @property
     def key(self) -> str:
         spec = f"/k={self.speculative_k}" if self.speculative_k else ""
-        return f"kv={self.kv}/context={self.context}/users={self.users}{spec}"
+        window = f"/lookup={self.lookup[0]}-{self.lookup[1]}" if self.lookup else ""
+        return f"kv={self.kv}/context={self.context}/users={self.users}{spec}{window}"
 
     @property
     def preset_name(self) -> str:
         spec = f"-k{self.speculative_k}" if self.speculative_k else ""
-        return f"{self.kv}-c{self.context}{spec}"
+        window = f"-w{self.lookup[0]}-{self.lookup[1]}" if self.lookup else ""
+        return f"{self.kv}-c{self.context}{spec}{window}"
 
     def axes(self) -> dict[str, str]:
         out = {"kv": self.kv, "context": str(self.context), "users": str(self.users)}
         if self.speculative_k:
             out["speculative_k"] = str(self.speculative_k)
+        if self.lookup:
+            out["lookup"] = f"{self.lookup[0]}-{self.lookup[1]}"
         return out
+
+    def plain(self) -> CampaignCell:
+        """The cell's plain-decoding counterpart (same KV, context and users; k = 0): its identity baseline."""
+        return CampaignCell(kv=self.kv, context=self.context, users=self.users)
 
 
 class CellOutcome(StrEnum):
@@ -215,9 +256,26 @@ class CellResult(Model):
     needle_lower: float | None = None
     garbage: str = ""
     ppl_delta_pct: float | None = None
+    acceptance_length: float | None = Field(
+        default=None, description="speculative cells: median tokens per verification step over the rounds"
+    )
+    identity_passed: int | None = Field(default=None, description="temp-0 identity probes passing vs plain")
+    identity_total: int | None = None
     detail: str = ""
     evidence: dict[str, str] = Field(default_factory=dict)
     measured_at: datetime
+
+    STORED_IN_EVIDENCE: ClassVar[tuple[str, ...]] = ("acceptance_length", "identity_passed", "identity_total")
+    """Figures the store keeps in a cell's evidence (its table has no columns for them)."""
+
+    def stored_evidence(self) -> dict[str, str]:
+        """The evidence as the store keeps it: with the figures that have no column of their own."""
+        extra = {
+            name: str(getattr(self, name))
+            for name in self.STORED_IN_EVIDENCE
+            if getattr(self, name) is not None
+        }
+        return {**self.evidence, **extra}
 
 
 class Proposal(Model):

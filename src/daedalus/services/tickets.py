@@ -19,6 +19,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from daedalus.decisions.policy import Policy, resolve_ticket
+from daedalus.engines.gate_fit import prompt_fit_problems
 from daedalus.errors import NotAllowed
 from daedalus.hosts.registry import Registry
 from daedalus.ids import ticket_workflow_id
@@ -86,6 +87,9 @@ def require_workable(spec: TicketSpec, source: str = "spec") -> None:
                 f"needs a repository to work in; add `engine: {{name: ..., kind: repo, repo: <path or URL>, "
                 f"base_commit: ...}}`"
             )
+    unfit = [problem for ticket in tickets for problem in prompt_fit_problems(ticket)]
+    if unfit:
+        raise TicketError(f"{source}: " + "; ".join(unfit))
 
 
 def load_spec(path: Path) -> TicketSpec:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlmodel import Session, select
 
-from daedalus.schemas.campaigns import CampaignRecord
+from daedalus.schemas.campaigns import CampaignRecord, CellResult
 from daedalus.store.tables import CampaignCellRow, CampaignRow
 
 
@@ -45,7 +45,8 @@ def save(*, session: Session, record: CampaignRecord) -> None:
                 cell=result.cell.key,
                 axes=result.cell.axes(),
                 feasible=result.cell.key in record.eligible,
-                **result.model_dump(exclude={"cell"}),
+                **result.model_dump(exclude={"cell", "evidence", *CellResult.STORED_IN_EVIDENCE}),
+                evidence=result.stored_evidence(),
             )
         )
         stored.add(result.cell.key)

@@ -39,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
         AttemptSummary,
         CancelRequest,
         DeskState,
+        EngineRef,
         SpecAmendment,
         TicketCarry,
         TicketInput,
@@ -50,7 +51,7 @@ with workflow.unsafe.imports_passed_through():
     from daedalus.workflows.patches import PatchesAtStart
     from daedalus.workflows.steps import Interrupted, Steps, history_is_long
     from daedalus.workflows.ticket_lessons import TicketLessons
-    from daedalus.workflows.ticket_steps import HostProblem, TicketSteps
+    from daedalus.workflows.ticket_steps import GATE_STARTUP_TIME, HostProblem, TicketSteps
     from daedalus.workflows.ticket_ui import TicketUi
     from daedalus.workflows.trail import AuditTrail
 
@@ -69,6 +70,14 @@ before it also offered accept and close-under-exception, though nothing had been
 CHILDREN_COVERED_BY_DISPATCH = "children-covered-by-dispatch"
 """Patch, asked in the run's first activation: once a ticket's dispatch was approved, its sub-tickets run on that
 approval, whose evidence listed their commands too (histories before it asked each agent sub-ticket again)."""
+PARENT_ANSWERS_FOR_CHILDREN = "parent-answers-for-children"
+"""Patch, asked in the run's first activation: a parent passes only when its sub-tickets passed; its own PASS
+becomes FAILED (or closed under an exception) when one of them did not (histories before it: every stored one,
+the umbrella ones included, closed on the parent's own gates alone)."""
+MEASURES_WHAT_WAS_ACCEPTED = "measures-what-was-accepted"
+"""Patch, asked in the run's first activation: a ticket without an agent builds (its `build:`) and measures its
+engine at the commit its sub-tickets' work was accepted at, else at its base (histories before it measured the base
+commit unbuilt, so ticket 6's own gates and a measurement sub-ticket like 6c measured the host's install)."""
 
 
 @workflow.defn(name="TicketWorkflow")
@@ -98,6 +107,8 @@ class TicketWorkflow:
         self.cancel_request: CancelRequest | None = None
         self.host_problem_options = False
         self.children_covered = False
+        self.parent_answers = False
+        self.measures_accepted = False
         self.steps = Steps(lambda: self.cancel_request is not None)
         self.ui = TicketUi()
         self.patches = PatchesAtStart(PATCHES_AT_START)
@@ -194,6 +205,9 @@ class TicketWorkflow:
         self.lessons.decide()
         self.host_problem_options = workflow.patched(HOST_PROBLEM_OPTIONS)
         self.children_covered = workflow.patched(CHILDREN_COVERED_BY_DISPATCH)
+        self.work.gate_startup = workflow.patched(GATE_STARTUP_TIME)
+        self.parent_answers = workflow.patched(PARENT_ANSWERS_FOR_CHILDREN)
+        self.measures_accepted = workflow.patched(MEASURES_WHAT_WAS_ACCEPTED)
         self.trail.batch_writes()
         self.ui.identity(self.spec)
         if ticket.carry is None:
@@ -234,9 +248,8 @@ class TicketWorkflow:
             self._set(dispatch_approved=True)
         if spec.children:
             await self._run_children()
-        if spec.agent is None:
-            return await self._judge_without_agent()
-        return await self._attempt_loop()
+        closed = await (self._judge_without_agent() if spec.agent is None else self._attempt_loop())
+        return rules.answering_for_children(closed, self.s.children) if self.parent_answers else closed
 
     async def _run_children(self) -> None:
         if not self.s.children:
@@ -292,9 +305,12 @@ class TicketWorkflow:
                 number=len(self.s.attempts) + 1, branch="", outcome=AttemptOutcome.COMMITTED
             )
             self._set(attempts=[*self.s.attempts, summary])
-            decided = await self._until_the_host_works(
-                functools.partial(self._gate_and_decide, summary, commit="")
+            measure = (
+                functools.partial(self._build_and_measure_as_it_stands, summary)
+                if self.measures_accepted
+                else functools.partial(self._gate_and_decide, summary, commit="")
             )
+            decided = await self._until_the_host_works(measure)
             if decided is not None:
                 return decided
             last = self.s.attempts[-1]
@@ -346,10 +362,26 @@ class TicketWorkflow:
                 return None
         return await self._gate_and_decide(summary, commit=summary.commit)
 
-    async def _gate_and_decide(self, summary: AttemptSummary, commit: str) -> rules.Closed | None:
+    async def _build_and_measure_as_it_stands(self, summary: AttemptSummary) -> rules.Closed | None:
+        """Without an agent: the engine at its sub-tickets' accepted commit (else its base), built as the ticket
+        says, then its gates. A failed build is the outcome: there is nobody to fix it."""
+        engine = rules.measured_engine(self.spec, self.s.accepted_commit)
+        if self.spec.build is not None:
+            where = f" at {engine.base_commit}" if engine is not None else ""
+            await self._transition(TicketStatus.BUILDING, f"building{where} on {self.spec.host}")
+            failed = await self.work.build(self.spec, summary, engine=engine)
+            if failed is not None:
+                self._replace_attempt(failed)
+                return TicketStatus.FAILED, f"the build failed: {failed.detail}"
+        commit = self.s.accepted_commit or ""
+        return await self._gate_and_decide(summary, commit=commit, engine=engine)
+
+    async def _gate_and_decide(
+        self, summary: AttemptSummary, commit: str, engine: EngineRef | None = None
+    ) -> rules.Closed | None:
         gates = self.spec.gates
         await self._transition(TicketStatus.GATING, f"attempt {summary.number}: measuring {len(gates)} gates")
-        results = [await self.work.measure(self.spec, gate, summary.number, commit) for gate in gates]
+        results = [await self.work.measure(self.spec, gate, summary.number, commit, engine) for gate in gates]
         judged = rules.judge_gates(self.spec, summary, results)
         self._replace_attempt(judged.attempt)
         if judged.escalate is not None:

@@ -13,6 +13,7 @@ from daedalus.schemas.ticket import (
     AgentName,
     AttemptOutcome,
     AttemptSummary,
+    EngineRef,
     Granted,
     TicketCarry,
     TicketSpec,
@@ -249,6 +250,27 @@ def children_outcome(children: dict[str, TicketStatus]) -> Closed:
     if all(s == TicketStatus.CLOSED_UNDER_EXCEPTION.value for s in not_passed.values()):
         return TicketStatus.CLOSED_UNDER_EXCEPTION, f"sub-tickets closed under exceptions: {not_passed}"
     return TicketStatus.FAILED, f"sub-tickets did not pass: {not_passed}"
+
+
+def answering_for_children(closed: Closed, children: dict[str, TicketStatus]) -> Closed:
+    """A parent passes only with its sub-tickets: its own PASS becomes the children's outcome when one of them did
+    not pass (FAILED, or closed under an exception when only exceptions stand in the way). Any other outcome of
+    the parent stands as it is."""
+    status, reason = closed
+    if status is not TicketStatus.PASSED or not children:
+        return closed
+    kids, why = children_outcome(children)
+    if kids is TicketStatus.PASSED:
+        return closed
+    return kids, f"{reason}, but {why}"
+
+
+def measured_engine(spec: TicketSpec, accepted_commit: str | None) -> EngineRef | None:
+    """What a ticket without an agent measures: its engine at the commit its sub-tickets' work was accepted at
+    (ticket 6's own gates measure 6b-6f's result), else at its base commit."""
+    if spec.engine is None or accepted_commit is None:
+        return spec.engine
+    return spec.engine.changed(base_commit=accepted_commit)
 
 
 def brief(spec: TicketSpec, attempts: list[AttemptSummary], number: int, allowed: int) -> str:

@@ -28,7 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from daedalus.schemas.audit import AuditKind
     from daedalus.schemas.gates import GateKind, GateResult, GateSpec, LeaseRecord, Verdict
     from daedalus.schemas.steps import AttemptInput, BuildInput, BuildResult, GateInput
-    from daedalus.schemas.ticket import AttemptOutcome, AttemptSummary, HostFacts, TicketSpec
+    from daedalus.schemas.ticket import AttemptOutcome, AttemptSummary, EngineRef, HostFacts, TicketSpec
     from daedalus.schemas.ui import gate_activity_summary
     from daedalus.workflows import ticket_rules as rules
     from daedalus.workflows.lease_helpers import holding_lease
@@ -45,6 +45,10 @@ HOST_PROBLEMS_ASK = "host-problems-ask-the-decider"
 was recorded as the agent's failed attempt, or as an INVALID gate)."""
 GATES_HOLD_LEASES = "gates-hold-gpu-leases"
 """Patch: a gate on a host with GPUs runs under a lease on them (before it, gates ran without one)."""
+GATE_STARTUP_TIME = "gate-startup-time"
+"""Patch, asked in the run's first activation: a gate's engine start-ups do not count against its timeout_s; the
+step gets its `startup_timeout_s` on top (before it, a gate's whole run counted, so an alternating A/B of many vLLM
+starts ended INVALID while its servers started)."""
 
 
 class HostProblem(Exception):
@@ -67,6 +71,8 @@ class TicketSteps:
         self.lessons = lessons
         self.hosts = hosts
         self.patches = patches
+        self.gate_startup = False
+        """Whether the run recorded GATE_STARTUP_TIME (set by the workflow in its first activation)."""
 
     def _schedule_to_start(self, host: str) -> timedelta | None:
         """The host's schedule-to-start limit; None for a ticket filed without the registry's facts."""
@@ -131,14 +137,22 @@ class TicketSteps:
             f"attempt {number}: {result.agent} committed {result.commit[:12]} ({result.diff_stat})",
         )
 
-    async def build(self, spec: TicketSpec, summary: AttemptSummary) -> AttemptSummary | None:
-        """Build the attempt's commit; the attempt marked BUILD_FAILED when it did not build, else None."""
+    async def build(
+        self, spec: TicketSpec, summary: AttemptSummary, engine: EngineRef | None = None
+    ) -> AttemptSummary | None:
+        """Build the attempt's commit (without an agent: `engine` at its commit, checked out by the build); the
+        attempt marked BUILD_FAILED when it did not build, else None."""
         assert spec.build is not None  # the workflow builds only tickets with a build command
         number = summary.number
         build = await self.steps.on_host(
             RUN_BUILD,
             BuildInput(
-                ticket_id=spec.id, attempt=number, command=spec.build.command, timeout_s=spec.build.timeout_s
+                ticket_id=spec.id,
+                attempt=number,
+                command=spec.build.command,
+                timeout_s=spec.build.timeout_s,
+                engine=engine,
+                host=spec.host,
             ),
             host=spec.host,
             timeout=timedelta(seconds=spec.build.timeout_s + 60),
@@ -160,9 +174,13 @@ class TicketSteps:
         detail = f"build exited {build.returncode}: {build.log_tail[-600:]}"
         return summary.changed(outcome=AttemptOutcome.BUILD_FAILED, detail=detail)
 
-    async def measure(self, spec: TicketSpec, gate: GateSpec, attempt: int, commit: str) -> GateResult:
-        """Measure a gate; INCONCLUSIVE and INVALID are rerun automatically before anyone is asked."""
-        engine = spec.engine if spec.agent is None else None
+    async def measure(
+        self, spec: TicketSpec, gate: GateSpec, attempt: int, commit: str, engine: EngineRef | None = None
+    ) -> GateResult:
+        """Measure a gate; INCONCLUSIVE and INVALID are rerun automatically before anyone is asked. Without an
+        agent it measures `engine` (default: the spec's, at its base commit)."""
+        if engine is None:
+            engine = spec.engine if spec.agent is None else None
         for round_number in range(1, spec.approval.inconclusive_reruns + 2):
             self.ui.measuring(spec, gate.name, attempt)
             step = GateInput(
@@ -173,6 +191,7 @@ class TicketSteps:
                 host=spec.host,
                 commit=commit,
                 engine=engine,
+                startup_s=gate.startup_timeout_s if self.gate_startup else 0,
             )
             measured = await self._gate_step(spec, step)
             if isinstance(measured, StepFailed):
@@ -198,7 +217,7 @@ class TicketSteps:
     async def _gate_step(self, spec: TicketSpec, step: GateInput) -> GateResult | StepFailed:
         """Run one round of a gate; on a host with GPUs, under a lease on all of them, recorded in the result."""
         facts = self.hosts.get(spec.host)
-        timeout = timedelta(seconds=step.gate.timeout_s + 60)
+        timeout = timedelta(seconds=step.gate.timeout_s + step.startup_s + 60)
         schedule_to_start = self._schedule_to_start(spec.host)
         summary = gate_activity_summary(
             step.gate.name, step.gate.describe(), attempt=step.attempt, round=step.round
