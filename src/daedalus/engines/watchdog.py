@@ -74,6 +74,8 @@ PROGRESS_FILE = "progress.json"
 PROGRESS_LOG = "progress.csv"
 LOG_TAIL_BYTES = 16_000
 LAUNCH_WAIT_S = 15.0
+CURVE_LINE_BYTES = 64
+"""A curve line is at most ~55 bytes (`t,available,psi,gpu_used,gpu_util`)."""
 STOP_POLL_S = 0.02
 """While stopping: how often the watchdog looks for the checkpoint it asked for (then SIGTERM at once)."""
 SPURIOUS_WAKEUPS = 100
@@ -170,7 +172,8 @@ class StopRule:
     fit: SlopeFit | None = None
     _last_fit_t: float = float("-inf")
 
-    def observe(self, t: float, available: int) -> StopReason | None:
+    def observe(self, t: float, available: int, fit: bool = True) -> StopReason | None:
+        """One sample; `fit=False` (refilling from the curve on disk) leaves the slope for one `refit` after."""
         self.times.append(t)
         self.values.append(available)
         while self.times and self.times[0] < t - self.policy.slope_window_s:
@@ -180,9 +183,8 @@ class StopRule:
         if self.consecutive >= self.policy.consecutive_samples:
             return StopReason.THRESHOLD
         # Refit once per fit bucket (>= 1 s): a fit per sample would be most of the watchdog's cost at 10 Hz.
-        if t - self._last_fit_t >= max(1.0, self.policy.slope_window_s / MAX_FIT_POINTS / 2):
-            self.fit = fit_slope(list(self.times), list(self.values), self.policy.min_fit_span_s)
-            self._last_fit_t = t
+        if fit and t - self._last_fit_t >= max(1.0, self.policy.slope_window_s / MAX_FIT_POINTS / 2):
+            self.refit(t)
         if self.policy.projection_horizon_s > 0 and self.fit is not None:
             # The slope interval's end nearest zero: project with the slowest leak the data allows.
             slow = self.fit.high_gib_per_h
@@ -191,6 +193,10 @@ class StopRule:
                 if headroom_gib / -slow * 3600.0 <= self.policy.projection_horizon_s:
                     return StopReason.PROJECTED
         return None
+
+    def refit(self, t: float) -> None:
+        self.fit = fit_slope(list(self.times), list(self.values), self.policy.min_fit_span_s)
+        self._last_fit_t = t
 
     @property
     def leak_flagged(self) -> bool:
@@ -218,12 +224,21 @@ def append_sample(path: Path, sample: Sample) -> None:
         handle.write(f"{sample.t:.3f},{sample.available},{psi},{gpu},{util}\n")
 
 
-def read_curve(path: Path) -> Iterator[Sample]:
+def read_curve(path: Path, tail_bytes: int | None = None) -> Iterator[Sample]:
+    """The samples on disk; with `tail_bytes`, only those in the file's last that many bytes (a long run's curve
+    grows by a line a second: a re-attached watchdog reads its window, not its days)."""
     try:
         handle = path.open()
     except OSError:
         return
     with handle:
+        if tail_bytes is not None:
+            size = handle.seek(0, os.SEEK_END)
+            if size > tail_bytes:
+                handle.seek(size - tail_bytes)
+                handle.readline()  # the line the seek landed in
+            else:
+                handle.seek(0)
         for row in csv.reader(handle):
             if len(row) not in (4, 5):  # 4: curves written before GPU utilisation was sampled
                 continue  # a line torn by a kill mid-write
@@ -578,12 +593,17 @@ class Supervisor:
         (self.run_dir / OOM_BASELINE_FILE).write_text(json.dumps(dataclasses.asdict(baseline)))
 
     def _restore_curve(self) -> None:
-        """Refill the stop rule from the curve on disk, so a re-attached watchdog keeps its window and count."""
+        """Refill the stop rule from the curve on disk, so a re-attached watchdog keeps its window and count; the
+        slope is fitted once at the end (a fit per restored bucket cost a segment ~1 s of CPU per 15 minutes)."""
         cutoff = time.time() - self.policy.slope_window_s
-        for sample in read_curve(self.run_dir / CURVE_FILE):
+        # Room for the window's samples on the interval, and as many again woken or confirming in between.
+        lines = 2 * self.policy.slope_window_s / self.policy.sample_interval_s + 64
+        for sample in read_curve(self.run_dir / CURVE_FILE, tail_bytes=int(lines * CURVE_LINE_BYTES)):
             if sample.t >= cutoff:
-                self.rule.observe(sample.t, sample.available)
+                self.rule.observe(sample.t, sample.available, fit=False)
                 self.last = sample
+        if self.last is not None:
+            self.rule.refit(self.last.t)
         # Heartbeat details of a retried attempt are newer than a curve line torn by a kill.
         consecutive = self.resume.get("consecutive")
         if isinstance(consecutive, int):
@@ -653,6 +673,9 @@ class Supervisor:
                 lambda: latest_checkpoint(self.spec.checkpoints) != before,
             )
         if tp.signal_group(record.pgid, signal.SIGTERM):
+            stopping = tp.read_json(stop_path) or {}
+            if "sigterm_at" not in stopping:  # when the grace ended: how long the checkpoint took shows here
+                tp.write_json_atomic(stop_path, {**stopping, "sigterm_at": datetime.now(UTC).isoformat()})
             await self._wait(record, self.policy.term_grace_s, lambda: not record.group_alive())
         tp.signal_group(record.pgid, signal.SIGKILL)
         await self._wait(record, 5.0, lambda: (self.run_dir / tp.EXIT_FILE).exists())
