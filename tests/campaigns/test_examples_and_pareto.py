@@ -58,6 +58,22 @@ def test_the_benchmarks_matrix_is_2_kv_by_3_contexts_by_2_users() -> None:
             "constraints: {max_ppl_delta_pct: 1}\n",
             "needs probe_ppl: true",
         ),
+        # Unbounded specs: a cell timeout past any int wedged the workflow before campaigns were bounded.
+        (
+            "id: x\ntitle: t\nhost: h\nbase_preset: p\nmodel: tiny\naxes: {kv: [f16], context: [64]}\n"
+            "cell_timeout_s: 1e20\n",
+            "cell_timeout_s:",
+        ),
+        (
+            "id: x\ntitle: t\nhost: h\nbase_preset: p\nmodel: tiny\naxes: {kv: [f16], context: [64]}\n"
+            "reminder_interval_s: 100000000000\n",
+            "reminder_interval_s: Input should be less than or equal to 604800",
+        ),
+        (
+            "id: x\ntitle: t\nhost: h\nbase_preset: p\nmodel: tiny\naxes: {kv: [f16], context: [64]}\n"
+            "rounds: 1000000\n",
+            "rounds: Input should be less than or equal to 50",
+        ),
     ],
 )
 def test_bad_campaign_files_say_what_is_wrong(tmp_path: Path, text: str, message: str) -> None:

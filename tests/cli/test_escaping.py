@@ -18,9 +18,14 @@ from rich.console import Console
 
 from daedalus.cli import tickets as ticket_cli
 from daedalus.escaping import for_slack, for_terminal, plain
+from daedalus.report.model import Report
+from daedalus.report.summary import summary_text
 from daedalus.schemas.audit import AuditKind
+from daedalus.schemas.lessons import Lesson, LessonKind, SubjectKind
 from daedalus.schemas.ticket import DecisionKind, DecisionRequest, TicketSpec, TicketState, TicketStatus
-from daedalus.store.database import make_engine, migrate
+from daedalus.store import lessons as lesson_store
+from daedalus.store.database import make_engine, migrate, session_scope
+from daedalus.store.tables import DecisionRow
 from tests.store.test_records import record, write
 
 DAEDALUS = str(Path(sys.executable).parent / "daedalus")
@@ -74,6 +79,11 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
             update={"event": rec.event.model_copy(update={"summary": text, "actor": "mallory"})}
         )
         write(engine, rec)
+    with session_scope(engine) as session:
+        for text in HOSTILE:
+            lesson = Lesson(subject_kind=SubjectKind.ENGINE, subject="evil " + text[:20], kind=LessonKind.TRAP,
+                            text=text, source=text[:40], recorded_at=datetime.now(UTC))  # fmt: skip
+            lesson_store.record(session=session, lesson=lesson)
     engine.dispose()
     return {**os.environ, "DAEDALUS_HOME": str(home), "COLUMNS": "400", "TERM": "xterm-256color"}
 
@@ -89,6 +99,17 @@ def test_the_cli_shows_hostile_text_without_obeying_it(cli_env: dict[str, str], 
     if command[0] == "audit":
         assert "\\x1b]8;;https://evil.example" in done.stdout and "\\x00" in done.stdout
         assert "[link=https://evil.example]click[/link]" in done.stdout
+
+
+def test_lessons_list_shows_hostile_lessons_without_obeying_them(cli_env: dict[str, str]) -> None:
+    done = subprocess.run(
+        [DAEDALUS, "lessons", "list"], env=cli_env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    shown = " ".join(done.stdout.split())  # rich wraps the lesson column
+    assert "[link=https://evil.example]click[/link]" in shown, done.stdout
+    assert "\\x1b]8;;https://evil.example" in shown and "\\x00" in shown and "\\u202e" in shown, done.stdout
+    assert "\x1b" not in done.stdout and "\x00" not in done.stdout and "\u202e" not in done.stdout
 
 
 def test_ticket_show_renders_a_hostile_title_question_and_outcome(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,3 +143,25 @@ def _strip_style(text: str) -> str:
     import re
 
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def test_the_slack_digest_escapes_what_it_takes_from_the_store() -> None:
+    now = datetime.now(UTC)
+    pending = DecisionRow(
+        request_id="evil-escalation-1",
+        ticket_id="evil",
+        kind="escalation",
+        question="<!channel> approve <https://evil.example|https://good.example> & now",
+        deciders=["<!here>"],
+        requested_at=now,
+    )
+    report = Report(
+        since=now, generated_at=now, cards=[], tickets=[], training=[], campaigns=[], pending=[pending],
+        decided=[], lessons=[], waiting_on_hosts={"<@U123>": "queued for <!everyone>"},
+    )  # fmt: skip
+    text = summary_text(report, link="https://daedalus.example/report")
+    assert "&lt;!channel&gt;" in text and "&lt;!here&gt;" in text and "&lt;!everyone&gt;" in text, text
+    assert "&lt;https://evil.example|https://good.example&gt; &amp; now" in text, text
+    assert "&lt;@U123&gt;" in text, text
+    # The digest's own link is the only one Slack may parse.
+    assert text.count("<") == 1 and text.endswith("<https://daedalus.example/report|Full report>"), text

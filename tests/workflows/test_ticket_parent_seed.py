@@ -4,8 +4,9 @@ at the commit its sub-tickets' work was accepted at (patch measures-what-was-acc
 measure 6b-6f's result, and 6c and 6f measure their predecessors' build, never the host's install or the base.
 
 Real dev server, real workers, real git and bubblewrap; the engine is the toy repo whose `speed.txt` the gates read
-(tests/fixtures/emit_samples.py), so these run in seconds. The vLLM version of the chain is
-tests/engines/test_vllm_seed_ticket6.py.
+(tests/fixtures/emit_samples.py), so these run in seconds. The vLLM version of the chain,
+examples/tickets/local-6.yaml, runs through `daedalus demo --ticket`; its lanes are measured on vLLM by
+tests/engines/test_vllm_seed_lanes.py, the chain itself is not run on vLLM in `make test`.
 """
 
 from __future__ import annotations
