@@ -30,6 +30,14 @@ and flags), writes the 1B test model, and checks the host (`daedalus host check`
    hunting ticket;
 4. writes bench/results/gpu.json and copies it, the store, the report, the audit trail, the check and the GPU
    recordings to --out ($OUT by default).
+
+    python3 bench/gpu.py campaign          # there, call 3, at once: carry .gpu/bundle/{temporal.xz,manifest.json}
+
+`campaign`, in the venv: examples/campaigns/h200-engine-settings.yaml on the embedded stack (KV type x flash
+attention x (batch, micro-batch) x threads, each cell under a lease on the GPU, decode tok/s and its fraction of
+the bandwidth floor with their intervals, KiB/token from NVML, the needle), until it proposes a preset; writes
+bench/results/gpu-campaign.json (the cells, the proposal, the default preset's cell beside it) and the report's
+campaign section to --out.
 """
 
 from __future__ import annotations
@@ -157,7 +165,11 @@ def bootstrap(args: argparse.Namespace) -> None:
     cuda = "/usr/local/cuda/bin"
     steps_env = args.work / STEPS_ENV
     env = {
-        **(json.loads(steps_env.read_text()) if args.command == "run" and steps_env.is_file() else {}),
+        **(
+            json.loads(steps_env.read_text())
+            if args.command in ("run", "campaign") and steps_env.is_file()
+            else {}
+        ),
         **os.environ,
         "PATH": f"{venv / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}:{cuda}",
         "DAEDALUS_HOME": os.environ.get("DAEDALUS_HOME", str(args.work / ".daedalus")),
@@ -621,6 +633,122 @@ async def run_installed(args: argparse.Namespace) -> dict[str, Any]:
     return figures
 
 
+CAMPAIGN = REPO / "examples" / "campaigns" / "h200-engine-settings.yaml"
+CAMPAIGN_RESULT = REPO / "bench" / "results" / "gpu-campaign.json"
+DEFAULT_CELL = {"kv": "f16", "flash_attn": "on", "batch": "2048 (ub 512)", "threads": "4"}
+"""The cell that is llama.cpp's default serving preset here (gpu-f16: f16 KV, flash attention, llama-server's
+default batch 2048 and micro-batch 512, 4 threads): what the proposal is compared with."""
+
+
+async def run_campaign(args: argparse.Namespace) -> dict[str, Any]:
+    import asyncio
+    from datetime import UTC, datetime, timedelta
+
+    from daedalus.campaigns.spec import load_campaign
+    from daedalus.report import build_report, render_markdown
+    from daedalus.schemas.campaigns import CampaignInput, campaign_workflow_id
+    from daedalus.stack import running_stack
+    from daedalus.store import queries
+    from daedalus.store.database import session_scope
+    from daedalus.workflows.campaign import CampaignWorkflow
+
+    settings = engine_settings()
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                         capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    gpus = smi.splitlines()
+    write_registry(settings.hosts_file, len(gpus), gpus[0].split(",")[0].strip(),
+                   float(gpus[0].split(",")[1].strip().split()[0]) / 1024)  # fmt: skip
+    spec = load_campaign(CAMPAIGN)
+    started_at = datetime.now(UTC) - timedelta(minutes=1)
+    figures: dict[str, Any] = {"campaign": spec.id, "device": smi, "cells_total": len(spec.cells())}
+    async with running_stack(settings, hosts=[HOST], embedded=True) as stack:
+        queue = settings.temporal.control_queue
+        handle = await stack.client.start_workflow(
+            CampaignWorkflow.run,
+            CampaignInput(spec=spec, control_queue=queue, filed_by="gpu-bench", host_gpus=len(gpus)),
+            id=campaign_workflow_id(spec.id),
+            task_queue=queue,
+        )
+        log(f"campaign {spec.id}: {len(spec.cells())} cells on {HOST}")
+        started, done = time.monotonic(), -1
+        status = await handle.query(CampaignWorkflow.status)
+        while status.status not in ("awaiting_decision", "completed", "failed", "cancelled"):
+            if time.monotonic() - started > args.campaign_deadline_s:
+                log("campaign deadline passed: what was measured is kept")
+                break
+            await asyncio.sleep(2.0)
+            status = await handle.query(CampaignWorkflow.status)
+            if status.cells_done != done:
+                done = status.cells_done
+                log(f"campaign: {done}/{status.cells_total} cells, {status.cells_crashed} crashed")
+        figures["campaign_s"] = round(time.monotonic() - started, 1)
+        figures["status"] = status.status
+        figures["proposal"] = status.proposal.model_dump(mode="json") if status.proposal else None
+        assert stack.engine is not None
+        with session_scope(stack.engine) as session:
+            rows = queries.campaign_cells(session=session, campaign_id=spec.id)
+            figures["cells"] = [
+                {"cell": r.cell, "preset": r.preset, "axes": r.axes, "outcome": r.outcome, "detail": r.detail,
+                 "decode_tps": r.decode_tps, "ci": [r.ci_low, r.ci_high], "samples": r.samples,
+                 "kib_per_token": r.kib_per_token, "needle": [r.needle_found, r.needle_total],
+                 "eligible": r.feasible, "floor_fraction": _float(r.evidence.get("floor_fraction")),
+                 "floor_ci": [_float(r.evidence.get("floor_ci_low")), _float(r.evidence.get("floor_ci_high"))],
+                 "copy_bandwidth_gbs": _float(r.evidence.get("copy_bandwidth_gbs"))}
+                for r in rows
+            ]  # fmt: skip
+            report = render_markdown(build_report(session=session, since=started_at))
+        await handle.cancel()  # the proposal is for a decider; the bench does not answer it
+    default = next((c for c in figures["cells"] if DEFAULT_CELL.items() <= c["axes"].items()), None)
+    proposed = next(
+        (c for c in figures["cells"] if figures["proposal"] and c["preset"] == figures["proposal"]["preset"]),
+        None,
+    )
+    figures["default_cell"], figures["proposed_cell"] = default, proposed
+    figures["report_section"] = (
+        report[report.find("## Campaigns") :].split("\n## ")[0] if "## Campaigns" in report else ""
+    )
+    return figures
+
+
+def _float(value: str | None) -> float | None:
+    return float(value) if value else None
+
+
+def finish_campaign(figures: dict[str, Any], args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"campaign {figures['campaign']} on {figures['device']}: {figures['status']}")
+    for column in (
+        "preset",
+        "outcome",
+        "decode tok/s [90%]",
+        "floor fraction [90%]",
+        "KiB/token",
+        "eligible",
+    ):
+        table.add_column(column)
+    for c in figures["cells"]:
+        tps = f"{c['decode_tps']:.1f} [{c['ci'][0]:.1f}, {c['ci'][1]:.1f}]" if c["ci"][0] is not None else "-"
+        floor = (
+            f"{c['floor_fraction']:.3f} [{c['floor_ci'][0]:.3f}, {c['floor_ci'][1]:.3f}]"
+            if c["floor_ci"][0] is not None
+            else "-"
+        )
+        table.add_row(c["preset"], c["outcome"] if c["outcome"] == "measured" else f"{c['outcome']}: {c['detail'][:60]}",
+                      tps, floor, f"{c['kib_per_token']:.1f}" if c["kib_per_token"] else "-", str(c["eligible"]))  # fmt: skip
+    Console(width=200).print(table)
+    print("proposal:", (figures["proposal"] or {}).get("reason", "none"))
+    source = json.loads((args.work / "bundle" / "manifest.json").read_text()).get("source", {})
+    figures["commit"], figures["commit_dirty"] = source.get("commit", ""), source.get("dirty")
+    CAMPAIGN_RESULT.parent.mkdir(parents=True, exist_ok=True)
+    CAMPAIGN_RESULT.write_text(json.dumps(figures, indent=2, default=str) + "\n")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        shutil.copy(CAMPAIGN_RESULT, args.out / "gpu-campaign.json")
+        (args.out / "campaign-report.md").write_text(figures["report_section"])
+
+
 def finish(figures: dict[str, Any], args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -667,7 +795,7 @@ def finish(figures: dict[str, Any], args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("command", choices=("pack", "stage", "run"))
+    parser.add_argument("command", choices=("pack", "stage", "run", "campaign"))
     parser.add_argument("--bundle", type=Path, default=GPU_DIR / "bundle", help="the bundle carried here")
     parser.add_argument(
         "--source", type=Path, default=GPU_DIR / "llama.cpp.tar.xz", help="the llama.cpp source"
@@ -680,6 +808,7 @@ def main() -> None:
     parser.add_argument("--floor-threshold", type=float, default=0.15)
     parser.add_argument("--ticket-deadline-s", type=float, default=420.0)
     parser.add_argument("--training-deadline-s", type=float, default=150.0)
+    parser.add_argument("--campaign-deadline-s", type=float, default=470.0)
     parser.add_argument("--no-build", action="store_true", help="stage: install, record and check only")
     parser.add_argument("--install-only", action="store_true",
                         help="stop once installed: print what the venv runs with, as JSON")  # fmt: skip
@@ -702,8 +831,10 @@ def main() -> None:
         return
     import asyncio
 
-    figures = asyncio.run(run_installed(args))
-    finish(figures, args)
+    if args.command == "campaign":
+        finish_campaign(asyncio.run(run_campaign(args)), args)
+    else:
+        finish(asyncio.run(run_installed(args)), args)
     sys.stdout.flush()
     os._exit(0)  # the Temporal client's threads can abort a finalizing interpreter (see cli/__init__.py)
 

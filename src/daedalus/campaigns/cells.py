@@ -45,7 +45,7 @@ from daedalus.schemas.engines import (
     VllmPreset,
     Workload,
 )
-from daedalus.schemas.gates import GateSpec, Metric, Verdict
+from daedalus.schemas.gates import GateMeasurement, GateSpec, Metric, Verdict
 
 QUANTIZED_V_NEEDS_FLASH_ATTN = ("f16", "f32", "bf16")
 # The decode figure is judged by the gates' rules against no threshold: the verdict says whether the
@@ -66,6 +66,13 @@ def cell_preset(
     name = cell.preset_name
     if isinstance(base, LlamaCppPreset):
         quantized_v = cell.kv not in QUANTIZED_V_NEEDS_FLASH_ATTN
+        engine: dict[str, object] = {
+            "flash_attn": cell.flash_attn or ("on" if quantized_v else base.flash_attn)
+        }
+        if cell.batch is not None:
+            engine |= {"batch_size": cell.batch[0], "ubatch_size": cell.batch[1]}
+        if cell.threads is not None:
+            engine["threads"] = cell.threads
         return LlamaCppPreset.model_validate(
             {
                 **base.model_dump(),
@@ -75,10 +82,13 @@ def cell_preset(
                 # llama-server's -c is shared by its slots: each user gets the cell's context
                 "context": cell.context * cell.users,
                 "parallel": cell.users,
-                "flash_attn": "on" if quantized_v else base.flash_attn,
                 "draft": DraftSpec(draft_max=cell.speculative_k) if cell.speculative_k else None,
+                **engine,
             }
         )
+    set_here = [axis for axis, *_ in cell.engine_parts()]
+    if set_here:
+        raise ValueError(f"axes {', '.join(set_here)} are llama.cpp settings; {base.name} is a vLLM preset")
     return VllmPreset.model_validate(
         {
             **base.model_dump(),
@@ -108,6 +118,27 @@ def _speculative(
     elif base is not None and base.method == method and base.model is not None:
         fields["model"] = base.model
     return SpeculativeConfig.model_validate(fields)
+
+
+def decode_of_floor(measured: GateMeasurement) -> GateMeasurement:
+    """A floor_fraction measurement's decode rounds, in tok/s (its evidence keeps them beside the fractions)."""
+    if measured.invalid_reason is not None:
+        return measured
+    rounds = [float(v) for v in measured.evidence["decode_tps"].split(", ")]
+    return measured.model_copy(update={"samples": rounds, "unit": "tok/s"})
+
+
+def floor_interval(
+    median: float | None, low: float | None, high: float | None, floor: float
+) -> dict[str, float | None]:
+    """The decode median and its interval as fractions of the floor. The floor is one figure for the whole cell,
+    so dividing by it maps the order statistics of the rounds onto those of the fractions: the same interval, at
+    the same confidence, in other units."""
+    return {
+        "floor_fraction": None if median is None else median / floor,
+        "floor_ci_low": None if low is None else low / floor,
+        "floor_ci_high": None if high is None else high / floor,
+    }
 
 
 def needle_lengths(context: int) -> tuple[int, int]:
@@ -162,10 +193,27 @@ async def measure_cell(
     evidence = {"preset": str(preset_path), "workdir": str(workdir)}
     if isinstance(preset, VllmPreset):
         return await _measure_vllm_cell(spec, cell, preset, model, workload, workdir, base, evidence, host)
-    try:
-        decode = await measure(
-            Metric.DECODE_TPS, str(preset_path), model, workload=workload, workdir=workdir / "decode"
+    if spec.probe_floor and preset.backend != "cuda":
+        return CellResult(
+            **base,
+            outcome=CellOutcome.INVALID,
+            detail=f"probe_floor measures against a GPU's copy bandwidth; preset {preset.name} runs on the CPU "
+            "(base it on a CUDA preset, as examples/presets/gpu-*.yaml, or drop probe_floor)",
+            measured_at=datetime.now(UTC),
         )
+    floor: float | None = None
+    try:
+        if spec.probe_floor:
+            # The floor's measurement is the decode rounds with the copy bandwidth measured before them.
+            measured = await measure(
+                Metric.FLOOR_FRACTION, str(preset_path), model, workload=workload, workdir=workdir / "decode"
+            )
+            floor = float(measured.evidence["floor_tps"]) if measured.invalid_reason is None else None
+            decode = decode_of_floor(measured)
+        else:
+            decode = await measure(
+                Metric.DECODE_TPS, str(preset_path), model, workload=workload, workdir=workdir / "decode"
+            )
     except (EngineSetupError, BuildError) as error:
         return _not_runnable_here(base, error)
     except EngineError as error:
@@ -197,6 +245,8 @@ async def measure_cell(
         "samples": decode.samples,
         "method": judged.method,
     }
+    if floor is not None:
+        result.update(floor_interval(judged.median, judged.ci_low, judged.ci_high, floor))
     try:
         if isinstance(preset, LlamaCppPreset):
             kib = await measure(Metric.KIB_PER_TOKEN, str(preset_path), model, workdir=workdir / "capacity")

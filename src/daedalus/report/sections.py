@@ -161,11 +161,17 @@ def _campaign_table(campaign: CampaignView) -> list[str]:
         "acceptance_length" in c.evidence or "identity_total" in c.evidence for c in campaign.cells
     )
     extra = " acceptance length | temp-0 identity |" if speculative else ""
+    # A GPU campaign's decode as a fraction of the bandwidth floor (probe_floor), kept in the evidence too.
+    floored = any("floor_fraction" in c.evidence for c in campaign.cells)
+    extra += " floor fraction [interval] |" if floored else ""
     lines += [
         "| preset | workload | decode tok/s (median) | interval | KiB/token | needle | quality | dPPL % |"
         + extra
         + " eligible |",
-        "|---|---|---|---|---|---|---|---|" + ("---|---|" if speculative else "") + "---|",
+        "|---|---|---|---|---|---|---|---|"
+        + ("---|---|" if speculative else "")
+        + ("---|" if floored else "")
+        + "---|",
     ]
     for c in campaign.cells:
         if c.outcome == "crashed":
@@ -187,6 +193,8 @@ def _campaign_table(campaign: CampaignView) -> list[str]:
                 else "-"
             )
             columns = f" {fmt(float(accepted)) if accepted else '-'} | {identity} |"
+        if floored:
+            columns += f" {floor_cell(c.evidence)} |"
         lines.append(
             f"| {cell(c.label)} | {cell(workload_label(c))} | {cell(figure)} | {interval} | {fmt(c.kib_per_token)} "
             f"| {needle} | {cell(c.garbage or ('clean' if c.outcome == 'measured' else '-'))} "
@@ -199,6 +207,15 @@ def _campaign_table(campaign: CampaignView) -> list[str]:
         else f"Proposed: nothing — {cell(row.proposal_reason or 'not closed yet')}",
     ]
     return lines
+
+
+def floor_cell(evidence: dict[str, str]) -> str:
+    """`0.391 [0.385, 0.397]` from a cell's stored floor figures, `-` without them."""
+    if "floor_fraction" not in evidence:
+        return "-"
+    low, high = evidence.get("floor_ci_low"), evidence.get("floor_ci_high")
+    interval = f" [{float(low):.3f}, {float(high):.3f}]" if low and high else ""
+    return f"{float(evidence['floor_fraction']):.3f}{interval}"
 
 
 def _training(report: Report, with_charts: bool) -> Section:

@@ -52,6 +52,47 @@ class CampaignAxes(Model):
         "with (the seed's speculative-length search: k x window); None: the base preset's window",
     )
 
+    flash_attn: list[Literal["on", "off"]] | None = Field(
+        default=None,
+        max_length=2,
+        description="llama.cpp: flash attention on and/or off (None: the base preset's; a quantized V cache needs "
+        "it on, and a cell that turns it off with one is invalid)",
+    )
+    batch: list[tuple[int, int]] | None = Field(
+        default=None,
+        max_length=LIST_ITEMS,
+        description="llama.cpp: (batch, micro-batch) sizes, -b and -ub (None: the base preset's)",
+    )
+    threads: list[int] | None = Field(
+        default=None,
+        max_length=LIST_ITEMS,
+        description="llama.cpp: CPU threads, -t (None: the base preset's)",
+    )
+
+    @field_validator("batch")
+    @classmethod
+    def _batches(cls, values: list[tuple[int, int]] | None) -> list[tuple[int, int]] | None:
+        bad = [b for b in values or [] if not 1 <= b[1] <= b[0] <= 65_536]
+        if bad:
+            raise ValueError(
+                f"a batch is (batch, micro-batch) with 1 <= micro-batch <= batch <= 65536; got {bad}"
+            )
+        return values
+
+    @field_validator("threads")
+    @classmethod
+    def _threads(cls, values: list[int] | None) -> list[int] | None:
+        if any(not 1 <= v <= 1024 for v in values or []):
+            raise ValueError(f"threads must be 1..1024; got {values}")
+        return values
+
+    def engine_settings(self) -> list[tuple[Literal["on", "off"] | None, tuple[int, int] | None, int | None]]:
+        """Every (flash attention, batch, threads) the cells vary, None where the base preset's stands."""
+        flash: list[Literal["on", "off"] | None] = [*self.flash_attn] if self.flash_attn else [None]
+        batches: list[tuple[int, int] | None] = [*self.batch] if self.batch else [None]
+        threads: list[int | None] = [*self.threads] if self.threads else [None]
+        return list(product(flash, batches, threads))
+
     @field_validator("lookup")
     @classmethod
     def _windows(cls, values: list[tuple[int, int]] | None) -> list[tuple[int, int]] | None:
@@ -122,6 +163,11 @@ class CampaignSpec(Model):
         "context and users, near-tie rule; a cell with a probe that fails is not eligible",
     )
     identity_probes: int = Field(default=8, ge=1, le=60, description="how many of the seed's identity probes")
+    probe_floor: bool = Field(
+        default=False,
+        description="GPU (llama.cpp on CUDA): each cell's decode also as a fraction of the bandwidth floor (the device's "
+        "measured copy bandwidth / the model's bytes per token), with its interval",
+    )
     speculative_method: Literal["mtp", "ngram", "eagle", "eagle3", "draft_model"] | None = Field(
         default=None,
         description="vLLM: how speculative cells draft; None: the base preset's method, else mtp",
@@ -176,10 +222,15 @@ class CampaignSpec(Model):
         a = self.axes
         windows: list[tuple[int, int] | None] = [*a.lookup] if a.lookup else [None]
         return [
-            CampaignCell(kv=kv, context=ctx, users=users, speculative_k=k, lookup=window)
-            for kv, ctx, users, k in product(a.kv, a.context, a.users, a.speculative_k)
+            CampaignCell(
+                kv=kv, context=ctx, users=users, speculative_k=k, lookup=window, flash_attn=fa, batch=batch,
+                threads=threads,
+            )
+            for kv, (fa, batch, threads), ctx, users, k in product(
+                a.kv, a.engine_settings(), a.context, a.users, a.speculative_k
+            )
             for window in (windows if k else [None])
-        ]
+        ]  # fmt: skip
 
     def label(self, kv: str) -> str:
         return self.labels.get(kv, kv)
@@ -191,18 +242,35 @@ class CampaignCell(Model):
     users: int
     speculative_k: int = 0
     lookup: tuple[int, int] | None = Field(default=None, description="the n-gram lookup window (min, max)")
+    flash_attn: Literal["on", "off"] | None = None
+    batch: tuple[int, int] | None = Field(default=None, description="(batch, micro-batch)")
+    threads: int | None = None
+
+    def engine_parts(self) -> list[tuple[str, str, str, str]]:
+        """(axis, label, key value, preset-name part) of each engine setting this cell sets."""
+        parts: list[tuple[str, str, str, str]] = []
+        if self.flash_attn is not None:
+            parts.append(("flash_attn", self.flash_attn, self.flash_attn, f"fa{self.flash_attn}"))
+        if self.batch is not None:
+            batch, micro = self.batch
+            parts.append(("batch", f"{batch} (ub {micro})", f"{batch}x{micro}", f"b{batch}-ub{micro}"))
+        if self.threads is not None:
+            parts.append(("threads", str(self.threads), str(self.threads), f"t{self.threads}"))
+        return parts
 
     @property
     def key(self) -> str:
         spec = f"/k={self.speculative_k}" if self.speculative_k else ""
         window = f"/lookup={self.lookup[0]}-{self.lookup[1]}" if self.lookup else ""
-        return f"kv={self.kv}/context={self.context}/users={self.users}{spec}{window}"
+        engine = "".join(f"/{axis}={value}" for axis, _, value, _ in self.engine_parts())
+        return f"kv={self.kv}/context={self.context}/users={self.users}{spec}{window}{engine}"
 
     @property
     def preset_name(self) -> str:
         spec = f"-k{self.speculative_k}" if self.speculative_k else ""
         window = f"-w{self.lookup[0]}-{self.lookup[1]}" if self.lookup else ""
-        return f"{self.kv}-c{self.context}{spec}{window}"
+        engine = "".join(f"-{part}" for _, _, _, part in self.engine_parts())
+        return f"{self.kv}-c{self.context}{spec}{window}{engine}"
 
     def axes(self) -> dict[str, str]:
         out = {"kv": self.kv, "context": str(self.context), "users": str(self.users)}
@@ -210,11 +278,13 @@ class CampaignCell(Model):
             out["speculative_k"] = str(self.speculative_k)
         if self.lookup:
             out["lookup"] = f"{self.lookup[0]}-{self.lookup[1]}"
+        out.update({axis: label for axis, label, _, _ in self.engine_parts()})
         return out
 
     def plain(self) -> CampaignCell:
-        """The cell's plain-decoding counterpart (same KV, context and users; k = 0): its identity baseline."""
-        return CampaignCell(kv=self.kv, context=self.context, users=self.users)
+        """The cell's plain-decoding counterpart (same KV, context, users and engine settings; k = 0): its
+        identity baseline."""
+        return self.model_copy(update={"speculative_k": 0, "lookup": None})
 
 
 class CellOutcome(StrEnum):
@@ -261,11 +331,23 @@ class CellResult(Model):
     )
     identity_passed: int | None = Field(default=None, description="temp-0 identity probes passing vs plain")
     identity_total: int | None = None
+    floor_fraction: float | None = Field(
+        default=None, description="probe_floor: median decode / the bandwidth floor (GPU)"
+    )
+    floor_ci_low: float | None = None
+    floor_ci_high: float | None = None
     detail: str = ""
     evidence: dict[str, str] = Field(default_factory=dict)
     measured_at: datetime
 
-    STORED_IN_EVIDENCE: ClassVar[tuple[str, ...]] = ("acceptance_length", "identity_passed", "identity_total")
+    STORED_IN_EVIDENCE: ClassVar[tuple[str, ...]] = (
+        "acceptance_length",
+        "identity_passed",
+        "identity_total",
+        "floor_fraction",
+        "floor_ci_low",
+        "floor_ci_high",
+    )
     """Figures the store keeps in a cell's evidence (its table has no columns for them)."""
 
     def stored_evidence(self) -> dict[str, str]:
