@@ -19,6 +19,7 @@ output), and every process still in its cgroup is killed before the cgroup is re
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import resource
 import signal
@@ -213,3 +214,56 @@ def unenforced(cgroup: StepCgroup | None) -> str | None:
         "processes and memory were not limited: this host has no writable cgroup for steps (cgroup v1 pids and "
         "memory, or steps.cgroup_root naming a delegated cgroup v2 directory)"
     )
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """One confined process tree's limits as its spawner applies them: `preexec` (in the child, before exec) sets
+    the per-process limits and enters the tree's cgroup; `end` (once the tree is gone) says which limits it ran
+    into and removes the cgroup. `record`/`recorded` keep the cgroup's place in a file, so whoever ends a tree it
+    did not start (a retried activity following an agent) can still end it."""
+
+    limits: ResourceLimits
+    cgroup: StepCgroup | None
+
+    @classmethod
+    def start(cls, limits: ResourceLimits, root: Path | None = None) -> Confinement:
+        return cls(limits, StepCgroup.make(limits, root))
+
+    def preexec(self) -> None:
+        set_rlimits(self.limits)
+        if self.cgroup is not None:
+            self.cgroup.enter()
+
+    def end(self) -> tuple[list[str], str | None]:
+        """(the limits the tree ran into, what was not enforced); the cgroup is removed."""
+        hits = self.cgroup.hits() if self.cgroup is not None else []
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        return hits, unenforced(self.cgroup)
+
+    def record(self, path: Path) -> None:
+        cgroup = self.cgroup
+        where = None if cgroup is None else {"pids": str(cgroup.pids), "memory": str(cgroup.memory),
+                                             "unified": cgroup.unified}  # fmt: skip
+        path.write_text(json.dumps({"limits": self.limits.model_dump(mode="json"), "cgroup": where}))
+
+    @classmethod
+    def recorded(cls, path: Path) -> Confinement | None:
+        try:
+            data = json.loads(path.read_text())
+            limits = ResourceLimits.model_validate(data["limits"])
+            where = data["cgroup"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        cgroup = (
+            None
+            if where is None
+            else StepCgroup(Path(where["pids"]), Path(where["memory"]), bool(where["unified"]), limits)
+        )
+        return cls(limits, cgroup)
+
+
+def limits_line(hits: list[str], unlimited: str | None) -> str:
+    """What a step's result says of its limits: those it ran into, or that they were not enforced; '' if neither."""
+    return "; ".join([*(f"the step {hit}" for hit in hits), *([unlimited] if unlimited else [])])

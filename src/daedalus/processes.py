@@ -190,7 +190,7 @@ async def run_logged(
     of its own where the host has one to give (`cgroup_root`, else cgroup v1's). With `extension`, the
     deadline moves out by the seconds it returns, asked at each heartbeat (a gate's engine start-ups).
     """
-    from daedalus.confinement import StepCgroup, set_rlimits, unenforced
+    from daedalus.confinement import Confinement
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     if pidfile is not None:
@@ -204,20 +204,11 @@ async def run_logged(
     else:
         argv = sandbox.argv(["/bin/sh", "-c", command], cwd=cwd)
         full_env = {**sandbox.environment(token), **(env or {})}
-    cgroup = StepCgroup.make(limits, cgroup_root) if limits is not None else None
-
-    def confine() -> None:  # in the child, before exec
-        if limits is not None:
-            set_rlimits(limits)
-        if cgroup is not None:
-            cgroup.enter()
+    confinement = Confinement.start(limits, cgroup_root) if limits is not None else None
 
     def finished(returncode: int, timed_out: bool) -> Finished:
-        hits = tuple(cgroup.hits()) if cgroup is not None else ()
-        if cgroup is not None:
-            cgroup.remove()
-        unlimited = unenforced(cgroup) if limits is not None else None
-        return Finished(returncode, log_path, timed_out, limits_hit=hits, unlimited=unlimited)
+        hits, unlimited = confinement.end() if confinement is not None else ([], None)
+        return Finished(returncode, log_path, timed_out, limits_hit=tuple(hits), unlimited=unlimited)
 
     with log_path.open("ab") as log, stdout_path.open("wb") if stdout_path else log as out:
         try:
@@ -229,11 +220,11 @@ async def run_logged(
                 stdout=out,
                 stderr=log,
                 start_new_session=True,
-                preexec_fn=confine if limits is not None else None,
+                preexec_fn=confinement.preexec if confinement is not None else None,
             )
         except BaseException:
-            if cgroup is not None:
-                cgroup.remove()
+            if confinement is not None:
+                confinement.end()
             raise
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -260,6 +251,6 @@ async def run_logged(
             await process.wait()
             if pidfile is not None:
                 pidfile.unlink(missing_ok=True)
-            if cgroup is not None:
-                await asyncio.to_thread(cgroup.remove)
+            if confinement is not None:
+                await asyncio.to_thread(confinement.end)
             raise

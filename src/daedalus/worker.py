@@ -205,7 +205,7 @@ def host_worker(client: Client, config: WorkerConfig, host: str) -> Worker:
     limits = host_limits(config, host)
     confined = ConfinedSteps(workspace, config.steps, limits)
     attempts, builds, gates = (
-        AttemptActivities(workspace, config.agent),
+        AttemptActivities(workspace, config.agent, limits, config.steps.cgroup_root),
         BuildActivities(confined),
         GateActivities(confined),
     )

@@ -14,7 +14,7 @@ import pytest
 
 from daedalus.agents.base import EVENTS_FILE, RUNNING_FILE, USAGE_FILE
 from daedalus.agents.claude import ClaudeAgent
-from daedalus.agents.cli import EGRESS_FILE, CliAgent
+from daedalus.agents.cli import CONFINEMENT_FILE, EGRESS_FILE, CliAgent
 from daedalus.agents.codex import CodexAgent
 from daedalus.agents.costs import load_usage, price_for
 from daedalus.agents.model_server import ModelScript, ModelServer, Reply, Shell, Step, WriteFile
@@ -22,6 +22,7 @@ from daedalus.agents.settings import AgentSettings
 from daedalus.devserver import DevServer
 from daedalus.errors import AgentConfigError
 from daedalus.schemas.agents import ExitReason
+from daedalus.schemas.steps import ResourceLimits
 from tests.agents.clis import cli_settings, egress_decisions, hang, hanging, new_key, the_change
 from tests.agents.conftest import Beats, MakeTask
 from tests.agents.fakes import unique_sleep
@@ -292,3 +293,27 @@ async def test_a_missing_cli_or_key_says_what_to_set(
         await AGENTS[name](keyless).run(task, artifacts=artifacts, heartbeat=beats)
     assert not list(scratch.iterdir()), "a refused start leaves no egress behind"
     assert not (artifacts / RUNNING_FILE).exists()
+
+
+@pytest.mark.parametrize("name", ["codex", "claude"])
+async def test_a_cli_and_the_commands_it_runs_are_held_to_the_hosts_limits(
+    name: str, model_server: ModelServer, make_task: MakeTask, artifacts: Path, beats: Beats
+) -> None:
+    key = new_key()
+    script = model_server.add(
+        key,
+        ModelScript.of(
+            Shell("for i in $(seq 400); do sleep 5 & done 2>/dev/null; wait; echo done"),
+            Shell('python3 -c "import tempfile; tempfile.TemporaryFile().write(bytes(64 * 2**20))"'),
+            Reply("RESULT: success"),
+        ),
+    )
+    limits = ResourceLimits(processes=256, tmp_mib=16)
+    task = make_task({"name": name}).model_copy(update={"limits": limits})
+    result = await agent_for(name, model_server, key).run(task, artifacts=artifacts, heartbeat=beats)
+    # The program and everything it started shared one cgroup: its forks past the limit were refused, its /tmp
+    # filled at 16 MiB, and the attempt says which limit it met. The cgroup is gone with the agent.
+    assert f"{name} hit its process limit (256 processes)" in result.detail, result.detail
+    assert any("No space left on device" in out for out in script.tool_results), script.tool_results
+    # ended: the record of its cgroup is removed only with the cgroup (daedalus.confinement.Confinement.end)
+    assert not (artifacts / CONFINEMENT_FILE).exists(), "the agent's cgroup outlived it"

@@ -29,6 +29,7 @@ from daedalus.config import Settings
 from daedalus.errors import TreeRefused
 from daedalus.sandbox import SandboxUnavailable, bwrap_binary
 from daedalus.schemas.agents import AgentTask, ExitReason
+from daedalus.schemas.steps import ResourceLimits
 from tests.agents.conftest import Beats, MakeTask
 from tests.agents.fakes import sleeping, unique_sleep
 from tests.support import make_engine_repo
@@ -352,3 +353,56 @@ def test_credentials_cannot_be_passed_into_sandboxes() -> None:
     with pytest.raises(ValidationError, match="look like credentials"):
         AgentSettings(sandbox_pass_env=["CUDA_HOME", "DAEDALUS_SLACK_BOT_TOKEN"])
     assert AgentSettings(sandbox_pass_env=["CUDA_HOME"]).sandbox_pass_env == ["CUDA_HOME"]
+
+
+AGENT_LIMITS = ResourceLimits(processes=64, memory_mib=256, tmp_mib=16)
+"""Small enough to hit here: the agent's commands run under the host's step limits, as builds and gates do."""
+
+
+@pytest.fixture
+def limited_task(make_task: MakeTask) -> AgentTask:
+    return make_task({"name": "openai"}).model_copy(update={"limits": AGENT_LIMITS})
+
+
+@pytest.fixture
+def limited_box(limited_task: AgentTask) -> Toolbox:
+    sandbox = command_sandbox(limited_task, AgentSettings())
+    return Toolbox(Path(limited_task.worktree), deny=DEFAULT_DENY, shell_timeout_s=30, sandbox=sandbox,
+                   limits=limited_task.limits)  # fmt: skip
+
+
+def step_cgroups() -> set[str]:
+    return {p.name for p in Path("/sys/fs/cgroup/pids/daedalus").glob("step-*")}
+
+
+async def test_an_agents_command_past_its_process_limit_is_told_so(limited_box: Toolbox) -> None:
+    before = step_cgroups()
+    out = await limited_box.call(
+        "run_shell", {"command": "for i in $(seq 200); do sleep 5 & done 2>/dev/null; echo forked; wait"}
+    )
+    # the kernel's counter of refused forks says the shell ran and met the limit
+    assert "the command hit its process limit (64 processes)" in out, out
+    assert step_cgroups() == before, "the call's cgroup outlived it"
+
+
+async def test_an_agents_command_past_its_memory_or_tmp_limit_is_told_so(limited_box: Toolbox) -> None:
+    out = await limited_box.call(
+        "run_shell", {"command": 'python3 -c "b = bytearray(600 * 2**20)"; echo after'}
+    )
+    assert "after" in out and "the command hit its memory limit (256 MiB)" in out, out
+    out = await limited_box.call(
+        "run_shell",
+        {"command": 'python3 -c "import tempfile; tempfile.TemporaryFile().write(bytes(64 * 2**20))"'},
+    )
+    assert "No space left on device" in out, out  # its /tmp is a tmpfs of 16 MiB
+
+
+async def test_scripted_commands_run_under_the_hosts_limits(
+    make_task: MakeTask, artifacts: Path, beats: Beats
+) -> None:
+    task = make_task(
+        {"name": "scripted", "commands": ["for i in $(seq 200); do sleep 5 & done 2>/dev/null; wait; exit 3"]}
+    ).model_copy(update={"limits": AGENT_LIMITS})
+    result = await ScriptedAgent(AgentSettings()).run(task, artifacts=artifacts, heartbeat=beats)
+    assert result.exit_reason is ExitReason.FAILED
+    assert "hit its process limit (64 processes)" in result.detail, result.detail

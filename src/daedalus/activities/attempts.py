@@ -35,15 +35,24 @@ from daedalus.errors import (
 from daedalus.hosts.mirrors import ENVIRONMENT_ERROR, EngineRepoUnavailable
 from daedalus.sandbox import SandboxError, bwrap_binary
 from daedalus.schemas.agents import AgentResult, AgentTask, AgentUsage, ExitReason
-from daedalus.schemas.steps import AttemptInput
+from daedalus.schemas.steps import AttemptInput, ResourceLimits
 
 log = structlog.get_logger(__name__)
 
 
 class AttemptActivities:
-    def __init__(self, workspace: Workspace, settings: AgentSettings):
+    def __init__(
+        self,
+        workspace: Workspace,
+        settings: AgentSettings,
+        limits: ResourceLimits | None = None,
+        cgroup_root: Path | None = None,
+    ):
         self.workspace = workspace
         self.settings = settings
+        self.limits = limits
+        """The host's step limits, which the agent's program and every command it runs are held to."""
+        self.cgroup_root = cgroup_root
 
     @activity.defn(name=RUN_ATTEMPT.name)
     @maps_errors
@@ -94,6 +103,8 @@ class AttemptActivities:
             engine=spec.engine.name,
             idle_timeout_s=settings.idle_timeout_s,
             max_turns=settings.max_turns,
+            limits=self.limits,
+            cgroup_root=str(self.cgroup_root) if self.cgroup_root is not None else None,
         )
         agent = agent_for(spec.agent, settings)
         started = time.time()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from daedalus.activities.workspace import Workspace
-from daedalus.confinement import StepSettings, gpu_device_nodes
+from daedalus.confinement import StepSettings, gpu_device_nodes, limits_line
 from daedalus.engines.paths import cache_root
 from daedalus.engines.startup_clock import STARTUP_CLOCK_ENV, startup_seconds
 from daedalus.processes import Finished, run_logged
@@ -99,7 +99,4 @@ def startup_clock_path(scratch: Path) -> Path:
 
 def limits_note(finished: Finished) -> str:
     """What a step's result says of its limits: the ones it hit, and those the host could not enforce."""
-    parts = [f"the step {hit}" for hit in finished.limits_hit]
-    if finished.unlimited:
-        parts.append(finished.unlimited)
-    return "; ".join(parts)
+    return limits_line(list(finished.limits_hit), finished.unlimited)

@@ -79,6 +79,7 @@ def command_sandbox(task: AgentTask, settings: AgentSettings) -> Sandbox:
         read_only=settings.sandbox_read_only,
         writable=settings.sandbox_writable,
         env=passed,
+        tmp_mib=task.limits.tmp_mib if task.limits is not None else None,
     )
 
 

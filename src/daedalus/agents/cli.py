@@ -40,6 +40,7 @@ from daedalus.agents.prompt import build_prompt, claimed_success, reported_traps
 from daedalus.agents.settings import AgentSettings
 from daedalus.agents.tools import Toolbox
 from daedalus.agents.worktree import objects_dir
+from daedalus.confinement import Confinement
 from daedalus.egress import Egress, plan_for
 from daedalus.engines.paths import REPO_ROOT, cache_root
 from daedalus.errors import AgentConfigError, AgentViolation, BudgetExceeded, ForbiddenCommand, PathEscape
@@ -51,6 +52,8 @@ log = structlog.get_logger(__name__)
 POLL_S = 0.05
 EGRESS_LOG = "egress.log"
 EGRESS_FILE = "egress.json"
+CONFINEMENT_FILE = "confinement.json"
+"""The agent's limits and the cgroup its process tree runs in: whoever ends the agent removes the cgroup."""
 HOME_DIR = "home"
 CLIS_LOCK = REPO_ROOT / "tools" / "agent-clis" / "package-lock.json"
 INSTALL_HINT = "run `make agent-clis` (scripts/install_agent_clis.sh)"
@@ -201,6 +204,7 @@ class CliAgent(ABC):
             Path(task.worktree),
             objects=objects_dir(Path(task.repo)),
             home=home,
+            tmp_mib=task.limits.tmp_mib if task.limits is not None else None,
             read_only=[
                 binary,
                 *where,
@@ -234,6 +238,7 @@ class CliAgent(ABC):
         )
         token = step_token()
         started = time.time()
+        confinement: Confinement | None = None
         try:
             base_url = egress.plan.base_url if egress is not None else self.endpoint()
             if egress is not None:
@@ -255,6 +260,13 @@ class CliAgent(ABC):
             command = sandbox.argv(egress.inner(inner) if egress else inner)
             if egress is not None:
                 command = egress.outer(command)
+            confinement = (  # the agent's program and every command it runs, under the host's step limits
+                Confinement.start(task.limits, Path(task.cgroup_root) if task.cgroup_root else None)
+                if task.limits is not None
+                else None
+            )
+            if confinement is not None:
+                confinement.record(artifacts / CONFINEMENT_FILE)
             with (artifacts / EVENTS_FILE).open("ab") as out, (artifacts / STDERR_FILE).open("ab") as err:
                 process = await asyncio.create_subprocess_exec(
                     *command,
@@ -263,10 +275,14 @@ class CliAgent(ABC):
                     stdout=out,
                     stderr=err,
                     start_new_session=True,
+                    preexec_fn=confinement.preexec if confinement is not None else None,
                 )
         except BaseException:
             if egress is not None:
                 egress.remove()  # nothing was started: its gateway never will remove it
+            if confinement is not None:
+                confinement.end()
+                (artifacts / CONFINEMENT_FILE).unlink(missing_ok=True)
             raise
         record = RunningRecord.of(process.pid, kind="process", agent=self.name, token=token)
         record.write(artifacts / RUNNING_FILE)
@@ -406,12 +422,14 @@ class CliAgent(ABC):
             returncode = await reap()
             # The agent is done: nothing it started may outlive it (its sandbox's pid namespace already
             # took them; the token catches anything that was not in it).
-            await asyncio.to_thread(self._end, record, artifacts)
+            hits = await asyncio.to_thread(self._end, record, artifacts)
             with contextlib.suppress(BudgetExceeded, AgentViolation):
                 drain(final=True)  # what the agent wrote before it went: usage is kept even when aborted
         (artifacts / RUNNING_FILE).unlink(missing_ok=True)
         if stopped is None:
             stopped, detail = self.outcome(parser, returncode, artifacts, attached=attached)
+        if hits:
+            detail = "; ".join([detail, *(f"{self.name} {hit}" for hit in hits)]).lstrip("; ")
         claimed = parser.claimed if parser.claimed is not None else claimed_success(parser.final_text)
         return make_result(
             task,
@@ -426,16 +444,23 @@ class CliAgent(ABC):
         )
 
     @staticmethod
-    def _end(record: RunningRecord, artifacts: Path) -> None:
+    def _end(record: RunningRecord, artifacts: Path) -> list[str]:
+        """End the agent's whole tree; the limits it ran into (its cgroup, then removed)."""
         if record.token:
             end_step(record.pid, record.token)
         else:
             kill_group(record.pid)
+        hits: list[str] = []
+        confinement = Confinement.recorded(artifacts / CONFINEMENT_FILE)
+        if confinement is not None:
+            hits, _ = confinement.end()
+            (artifacts / CONFINEMENT_FILE).unlink(missing_ok=True)
         # The gateway removes its sockets when it ends; one killed outright leaves them behind.
         with contextlib.suppress(OSError, ValueError, KeyError):
             directory = Path(json.loads((artifacts / EGRESS_FILE).read_text())["directory"])
             if directory.name.startswith("daedalus-egress-"):
                 shutil.rmtree(directory, ignore_errors=True)
+        return hits
 
     def outcome(
         self, parser: EventParser, returncode: int, artifacts: Path, *, attached: bool

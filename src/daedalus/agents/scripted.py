@@ -48,6 +48,7 @@ class ScriptedAgent:
         patch_file = artifacts / "spec.patch"
         sandbox = command_sandbox(task, self.settings)
         sandbox = replace(sandbox, read_only=(*sandbox.read_only, patch_file))
+        cgroup_root = Path(task.cgroup_root) if task.cgroup_root else None
 
         def beat() -> None:
             heartbeat({"agent": self.name})
@@ -77,6 +78,8 @@ class ScriptedAgent:
                 timeout_s=60,
                 heartbeat=beat,
                 sandbox=sandbox,
+                limits=task.limits,
+                cgroup_root=cgroup_root,
             )
             if applied.returncode != 0:
                 return result(ExitReason.FAILED, f"patch does not apply: {applied.tail(800)}")
@@ -88,9 +91,15 @@ class ScriptedAgent:
                 timeout_s=task.timeout_s,
                 heartbeat=beat,
                 sandbox=sandbox,
+                limits=task.limits,
+                cgroup_root=cgroup_root,
             )
             if done.returncode != 0:
+                hit = "; ".join(done.limits_hit)
                 return result(
-                    ExitReason.FAILED, f"command {command!r} exited {done.returncode}: {done.tail(800)}"
+                    ExitReason.FAILED,
+                    f"command {command!r} exited {done.returncode}"
+                    + (f" (it {hit})" if hit else "")
+                    + f": {done.tail(800)}",
                 )
         return result(ExitReason.COMMITTED, "applied the spec's patch")

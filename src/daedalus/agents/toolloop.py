@@ -125,6 +125,8 @@ class ToolLoopAgent(ABC):
                 deny=self.settings.deny_commands,
                 shell_timeout_s=self.settings.shell_timeout_s,
                 sandbox=command_sandbox(task, self.settings),
+                limits=task.limits,
+                cgroup_root=Path(task.cgroup_root) if task.cgroup_root else None,
             ),
             transcript,
         )

@@ -17,13 +17,15 @@ import os
 import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from daedalus.confinement import Confinement
 from daedalus.errors import ForbiddenCommand, PathEscape, ToolError
 from daedalus.processes import end_step, step_token
 from daedalus.sandbox import Sandbox
+from daedalus.schemas.steps import ResourceLimits
 
 MAX_READ = 60_000
 MAX_OUTPUT = 8_000
@@ -92,6 +94,8 @@ class Captured:
     data: bytes
     total: int
     timed_out: bool
+    limits_hit: list[str] = field(default_factory=list)
+    """The limits the call ran into (daedalus.confinement), from the kernel's counters."""
 
     @property
     def truncated(self) -> bool:
@@ -128,11 +132,16 @@ class Toolbox:
         deny: Sequence[str],
         shell_timeout_s: float = 600.0,
         sandbox: Sandbox | None = None,
+        limits: ResourceLimits | None = None,
+        cgroup_root: Path | None = None,
     ):
         self.root = root.resolve()
         self.deny = [re.compile(pattern) for pattern in deny]
         self.shell_timeout_s = shell_timeout_s
         self.sandbox = sandbox or Sandbox.for_worktree(self.root)
+        self.limits = limits
+        """Each call's limits (processes and memory in a cgroup of its own, its file size); None: none."""
+        self.cgroup_root = cgroup_root
 
     def resolve(self, path: str) -> Path:
         """The real path of `path` inside the worktree, or PathEscape saying why not."""
@@ -204,14 +213,21 @@ class Toolbox:
         """Run `argv` in the sandbox, stdout and stderr together read with a cap. Whatever the call started is
         dead when this returns, however it ends (exit, cap, timeout, cancellation)."""
         token = step_token()
-        process = await asyncio.create_subprocess_exec(
-            *self.sandbox.argv(argv),
-            env=self.sandbox.environment(token),
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
-        )
+        confinement = Confinement.start(self.limits, self.cgroup_root) if self.limits is not None else None
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *self.sandbox.argv(argv),
+                env=self.sandbox.environment(token),
+                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=confinement.preexec if confinement is not None else None,
+            )
+        except BaseException:
+            if confinement is not None:
+                confinement.end()
+            raise
         assert process.stdout is not None
         try:
             if stdin is not None:
@@ -231,7 +247,8 @@ class Toolbox:
         finally:
             await asyncio.to_thread(end_step, process.pid, token)
             await process.wait()
-        return Captured(None if timed_out else process.returncode, data, total, timed_out)
+            hits = (await asyncio.to_thread(confinement.end))[0] if confinement is not None else []
+        return Captured(None if timed_out else process.returncode, data, total, timed_out, hits)
 
     async def read_file(self, path: str) -> str:
         full = self.resolve(path)
@@ -287,4 +304,5 @@ class Toolbox:
         text = ran.data.decode(errors="replace")
         if ran.truncated:
             text = f"[... output truncated: last {MAX_OUTPUT} of {ran.total} bytes ...]\n" + text
-        return f"exit code {ran.returncode}\n{text}"
+        hit = "".join(f"\nthe command {line}" for line in ran.limits_hit)
+        return f"exit code {ran.returncode}{hit}\n{text}"

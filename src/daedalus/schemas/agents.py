@@ -6,6 +6,7 @@ from typing import Literal
 from pydantic import Field
 
 from daedalus.schemas._base import Model
+from daedalus.schemas.steps import ResourceLimits
 from daedalus.schemas.ticket import AgentSpec
 
 CostSource = Literal["provider", "estimated", "unavailable"]
@@ -33,6 +34,14 @@ class AgentTask(Model):
         default=600, gt=0, description="kill the agent after this long without an event"
     )
     max_turns: int = Field(default=40, ge=1)
+    limits: ResourceLimits | None = Field(
+        default=None,
+        description="the host's step limits the agent's program and commands run under (daedalus.confinement); "
+        "None only for a task made outside a worker",
+    )
+    cgroup_root: str | None = Field(
+        default=None, description="the host's delegated cgroup v2 directory for steps (steps.cgroup_root)"
+    )
 
 
 class ExitReason(StrEnum):
