@@ -94,7 +94,9 @@ def pack(args: argparse.Namespace) -> None:
           f"{rel}/wheels {rel}/debs {rel}/manifest.json {rel}/install.sh {args.source.relative_to(REPO)}\n"
           "    PYTHONUNBUFFERED=1 python3 bench/gpu.py stage\n"
           f"Device call 2 (run, ~4 min), at once after call 1:  carry {rel}/temporal.xz {rel}/manifest.json\n"
-          "    PYTHONUNBUFFERED=1 python3 bench/gpu.py run")  # fmt: skip
+          "    PYTHONUNBUFFERED=1 python3 bench/gpu.py run\n"
+          "Device call 3 (campaign, ~6 min), at once after call 2: carry the same as call 2\n"
+          "    PYTHONUNBUFFERED=1 python3 bench/gpu.py campaign")  # fmt: skip
 
 
 def pack_source(source: Path, tarball: Path) -> None:
