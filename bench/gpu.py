@@ -419,7 +419,7 @@ def ticket_spec(
              "command": measure.format(metric="floor_fraction")},
             {"name": "temp0-identity-vs-f16-kv", "metric": "temp0_identity", "threshold": 1.0,
              "command": f"daedalus engine measure temp0_identity --preset presets/serve.yaml "
-                        f"--baseline-preset presets/gpu-f16.yaml --model {MODEL}"},
+                        f"--baseline-preset presets/gpu-f16.yaml --model {MODEL} --probes 16"},
             {"name": "kv-kib-per-token", "metric": "kib_per_token", "threshold": 24.0,
              "command": f"daedalus engine measure kib_per_token --preset presets/serve.yaml --model {MODEL}"},
         ],
