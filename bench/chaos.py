@@ -260,6 +260,9 @@ class Stack:
             "DAEDALUS_DATABASE_URL": database_url,
             "DAEDALUS_TEMPORAL_ADDRESS": self.server.address,
             "DAEDALUS_AGENT_SANDBOX_WRITABLE": json.dumps([str(tmp / "starts")]),
+            # Gates run confined: the command gates' script is readable in their sandbox (as tests/conftest.py
+            # sets it for the suite); without it every gate fails and each ticket escalates on and on.
+            "DAEDALUS_STEPS_READ_ONLY": json.dumps([str(EMIT.parent)]),
         }
         store = make_engine(database_url)
         migrate(store)
