@@ -274,6 +274,12 @@ def lifecycle_rows(f: Figures) -> list[Row]:
     return rows
 
 
+def _gate(g: dict[str, Any]) -> str:
+    interval = f" [{g['ci'][0]:.4g}, {g['ci'][1]:.4g}]" if g["ci"][0] != g["ci"][1] else ""
+    n = f", n = {g['n']}" if "n" in g else ""
+    return f"{g['median']:.4g}{interval} {g['unit']}{n}"
+
+
 def h200_rows(f: Figures) -> list[Row]:
     gates = f["gates"]
     passed = sum(1 for gate in gates.values() if gate["verdict"] == "PASS")
@@ -289,8 +295,9 @@ def h200_rows(f: Figures) -> list[Row]:
             "",
         ),
         (
-            "a GPU ticket (decode, floor, temp-0 q8_0 vs f16 KV, KiB/token from NVML): outcome, gates passed",
-            f"{f['ticket_status']}, {passed} of {len(gates)}",
+            "a GPU ticket, q8_0 KV with flash attention, its gates confined on the leased GPU: outcome, gates passed; "
+            "decode median [90%]; floor fraction; temp-0 identity vs f16 KV (near-tie rule); KiB/token from NVML",
+            f"{f['ticket_status']}, {passed} of {len(gates)}; " + "; ".join(_gate(g) for g in gates.values()),
             "",
         ),
         (
