@@ -127,6 +127,20 @@ async def test_a_gate_cannot_reach_temporal_or_any_port_of_the_host(
     assert verdict is Verdict.PASS, reason  # the worker, outside, read the measurement and decided
 
 
+async def test_a_gate_names_a_preset_of_the_checkouts_examples_as_it_would_outside(host: Host) -> None:
+    """Found by bench/chaos.py: confined, `daedalus engine measure --preset local-f16` found no preset (only the
+    shipped ones were in its sandbox), so a llama.cpp gate escalated on every retry."""
+    host.agent_writes(
+        "which.py",
+        "import sys\nfrom daedalus.engines.presets import load_preset\n"
+        "print(load_preset('local-f16').name, file=sys.stderr)\n"
+        f"print({MEASUREMENT!r})\n",
+    )
+    verdict, reason = await host.gate("python3 which.py")
+    log = (host.workspace.attempt_artifacts("t1", 1) / "gate-decode-round-1.log").read_text()
+    assert verdict is Verdict.PASS and "local-f16" in log, (reason, log)
+
+
 async def test_children_that_drop_the_step_token_die_with_the_build(host: Host) -> None:
     first, second, third = unique_sleep(), unique_sleep(), unique_sleep()
     result = await host.build(

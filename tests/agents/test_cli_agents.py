@@ -303,8 +303,9 @@ async def test_a_cli_and_the_commands_it_runs_are_held_to_the_hosts_limits(
     script = model_server.add(
         key,
         ModelScript.of(
-            Shell("for i in $(seq 400); do sleep 5 & done 2>/dev/null; wait; echo done"),
+            # /tmp first: the forks after it take the whole cgroup's process budget, the CLI's own included
             Shell('python3 -c "import tempfile; tempfile.TemporaryFile().write(bytes(64 * 2**20))"'),
+            Shell("for i in $(seq 400); do sleep 5 & done 2>/dev/null; wait; echo done"),
             Reply("RESULT: success"),
         ),
     )
@@ -314,6 +315,6 @@ async def test_a_cli_and_the_commands_it_runs_are_held_to_the_hosts_limits(
     # The program and everything it started shared one cgroup: its forks past the limit were refused, its /tmp
     # filled at 16 MiB, and the attempt says which limit it met. The cgroup is gone with the agent.
     assert f"{name} hit its process limit (256 processes)" in result.detail, result.detail
-    assert any("No space left on device" in out for out in script.tool_results), script.tool_results
+    assert script.tool_results and "No space left on device" in script.tool_results[0], script.tool_results
     # ended: the record of its cgroup is removed only with the cgroup (daedalus.confinement.Confinement.end)
     assert not (artifacts / CONFINEMENT_FILE).exists(), "the agent's cgroup outlived it"

@@ -17,6 +17,7 @@ from pathlib import Path
 from daedalus.activities.workspace import Workspace
 from daedalus.confinement import StepSettings, gpu_device_nodes, limits_line
 from daedalus.engines.paths import cache_root
+from daedalus.engines.presets import PRESET_DIR
 from daedalus.engines.startup_clock import STARTUP_CLOCK_ENV, startup_seconds
 from daedalus.processes import Finished, run_logged
 from daedalus.sandbox import Sandbox
@@ -41,7 +42,7 @@ class ConfinedSteps:
             objects=self.workspace.borrowed_objects(ticket_id, attempt),
             scratch=scratch,
             cache=cache_root(),
-            read_only=[*self.settings.read_only, *CPU_TOPOLOGY],
+            read_only=[*self.settings.read_only, *CPU_TOPOLOGY, *checkout_presets()],
             devices=gpu_device_nodes(lease.gpus) if lease is not None else [],
             env=lease.environment() if lease is not None else None,
             tmp_mib=self.limits.tmp_mib,
@@ -90,6 +91,13 @@ class ConfinedSteps:
     @staticmethod
     def _startup_s(clock: Path, since: float, budget_s: float) -> float:
         return startup_seconds(clock, since=since, now=time.monotonic(), budget_s=budget_s)
+
+
+def checkout_presets() -> list[Path]:
+    """A source checkout's `examples/presets/`, where it exists: a gate's bare preset name (`--preset local-f16`)
+    resolves there when it runs confined as it does outside (engines/presets.py looks in the engine repo's presets,
+    the shipped ones, then these)."""
+    return [PRESET_DIR] if PRESET_DIR.is_dir() else []
 
 
 def startup_clock_path(scratch: Path) -> Path:
