@@ -383,6 +383,33 @@ def campaign_rows(f: Figures) -> list[Row]:
     ]
 
 
+def chaos_rows(f: Figures) -> list[Row]:
+    kinds = f["faults_by_kind"]
+    faults = (
+        f"{kinds.get('host', 0)} host-worker and {kinds.get('control', 0)} control-worker SIGKILLs, "
+        f"{kinds.get('temporal', 0)} Temporal SIGKILL + restarts, {kinds.get('api', 0)} API SIGKILLs"
+    )
+    return [
+        (
+            f"{f['store']} store: {f['tickets']} tickets of every kind, a training run and the decider's answers over "
+            f"the API, under {f['faults']} faults in {f['window_s']:.0f} s ({faults}; seed {f['seed']}): tickets "
+            "closed / wrong outcomes / audit gaps / duplicates / duplicate agent or trainer starts / orphan "
+            "processes; `audit verify`",
+            f"{f['tickets_closed']} of {f['tickets']} / {f['wrong_outcomes']} / {f['audit_gaps']} / "
+            f"{f['audit_duplicates']} / {f['duplicate_starts']} / {f['orphan_processes']}; "
+            f"{'verifies' if f['audit_chain_ok'] else 'FAILS'}",
+            "all closed, all 0, verifies",
+        ),
+        (
+            "decisions sent (with the retries a fault forces) / applied once each; agent starts; trainer starts; "
+            "the training run",
+            f"{f['decisions_sent']} / {f['decisions_applied']}; {f['agent_starts']}; {f['trainer_starts']}; "
+            f"{f['training_run']}",
+            "",
+        ),
+    ]
+
+
 def h200_campaign_rows(f: Figures) -> list[Row]:
     measured = [c for c in f["cells"] if c["outcome"] == "measured"]
     invalid = [c for c in f["cells"] if c["outcome"] != "measured"]
@@ -429,6 +456,8 @@ RENDERERS: dict[str, Callable[[Figures], list[Row]]] = {
     "watchdog": watchdog_rows,
     "pool": pool_rows,
     "campaign": campaign_rows,
+    "chaos-sqlite": chaos_rows,
+    "chaos-postgres": chaos_rows,
     "h200": h200_rows,
     "h200-campaign": h200_campaign_rows,
 }
