@@ -60,8 +60,6 @@ from typing import ClassVar, ParamSpec, TypeVar
 
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
-from daedalus.schemas.agents import ExitReason
-
 __all__ = [
     "AgentConfigError",
     "AgentError",
@@ -317,11 +315,12 @@ class BudgetExceeded(AgentError):
 
 
 class ApiFailure(AgentError):
-    """A provider call failed for good (after the SDK's retries); `reason` says how to record it."""
+    """A provider call failed for good (after the SDK's retries); `timed_out` when it did not answer in time
+    (the attempt is recorded as a timeout, else as failed)."""
 
-    def __init__(self, message: str, reason: ExitReason = ExitReason.FAILED):
+    def __init__(self, message: str, *, timed_out: bool = False):
         super().__init__(message)
-        self.reason = reason
+        self.timed_out = timed_out
 
 
 class ToolError(AgentError):

@@ -10,12 +10,12 @@ from daedalus.agents.costs import CostMeter
 from daedalus.agents.toolloop import SYSTEM, ToolLoop, ToolLoopAgent
 from daedalus.agents.tools import anthropic_tools
 from daedalus.errors import AgentConfigError, ApiFailure
-from daedalus.schemas.agents import AgentTask, ExitReason
+from daedalus.schemas.agents import AgentTask
 
 
 def api_failure(error: anthropic.AnthropicError, *, model: str, where: str) -> ApiFailure:
     if isinstance(error, anthropic.APITimeoutError):
-        return ApiFailure(f"{where} did not answer in time (after retries): {error}", ExitReason.TIMEOUT)
+        return ApiFailure(f"{where} did not answer in time (after retries): {error}", timed_out=True)
     if isinstance(error, anthropic.NotFoundError):
         return ApiFailure(
             f"model {model!r} is not served at {where} (404): {error.message}; "

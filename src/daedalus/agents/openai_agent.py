@@ -10,13 +10,13 @@ from daedalus.agents.costs import CostMeter
 from daedalus.agents.toolloop import SYSTEM, ToolLoop, ToolLoopAgent
 from daedalus.agents.tools import openai_tools
 from daedalus.errors import AgentConfigError, ApiFailure
-from daedalus.schemas.agents import AgentTask, ExitReason
+from daedalus.schemas.agents import AgentTask
 
 
 def api_failure(error: openai.OpenAIError, *, model: str, where: str) -> ApiFailure:
     """An SDK error as a message a person can act on."""
     if isinstance(error, openai.APITimeoutError):
-        return ApiFailure(f"{where} did not answer in time (after retries): {error}", ExitReason.TIMEOUT)
+        return ApiFailure(f"{where} did not answer in time (after retries): {error}", timed_out=True)
     if isinstance(error, openai.NotFoundError):
         return ApiFailure(
             f"model {model!r} is not served at {where} (404): {error.message}; "

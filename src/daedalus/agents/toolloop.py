@@ -174,7 +174,7 @@ class ToolLoopAgent(ABC):
         except AgentViolation as error:
             return result(ExitReason.FORBIDDEN, str(error))
         except ApiFailure as error:
-            return result(error.reason, str(error))
+            return result(ExitReason.TIMEOUT if error.timed_out else ExitReason.FAILED, str(error))
         finally:
             ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
