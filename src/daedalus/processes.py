@@ -8,18 +8,26 @@ import ctypes
 import os
 import signal
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import psutil
 
 if TYPE_CHECKING:
-    from daedalus.sandbox import Sandbox
     from daedalus.schemas.steps import ResourceLimits
 
 TAIL_BYTES = 4000
+
+
+class Confined(Protocol):
+    """Where a command runs confined (daedalus.sandbox.Sandbox, which sits above this module): the command line
+    that starts it there, and the whole environment it gets there."""
+
+    def argv(self, command: Sequence[str], *, cwd: Path | None = None) -> list[str]: ...
+
+    def environment(self, token: str) -> dict[str, str]: ...
 
 
 PR_SET_PDEATHSIG = 1
@@ -173,7 +181,7 @@ async def run_logged(
     heartbeat_every_s: float = 2.0,
     stdout_path: Path | None = None,
     pidfile: Path | None = None,
-    sandbox: Sandbox | None = None,
+    sandbox: Confined | None = None,
     limits: ResourceLimits | None = None,
     cgroup_root: Path | None = None,
     extension: Callable[[], float] | None = None,
