@@ -642,14 +642,14 @@ async def record(
     """Send the check to the host's lease keeper; returns its receipt and our clock before and after."""
     from temporalio.client import Client
 
+    from daedalus.hosts.holder import RECORD_HOST_CHECK
     from daedalus.hosts.leases import keeper_id
-    from daedalus.workflows.lease_keeper import LeaseKeeperWorkflow
 
     assert isinstance(client, Client)
     handle = client.get_workflow_handle(keeper_id(check.host))
     sent = datetime.now(UTC)
-    receipt = await asyncio.wait_for(
-        handle.execute_update(LeaseKeeperWorkflow.record_host_check, check), timeout_s
+    receipt: HostCheckReceipt = await asyncio.wait_for(
+        handle.execute_update(RECORD_HOST_CHECK, check, result_type=HostCheckReceipt), timeout_s
     )
     return receipt, sent, datetime.now(UTC)
 

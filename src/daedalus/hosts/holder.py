@@ -41,7 +41,19 @@ from daedalus.hosts.leases import (
     waiting_ttl_s,
 )
 from daedalus.hosts.registry import Registry
-from daedalus.workflows.lease_keeper import LeaseKeeperWorkflow
+
+KEEPER_WORKFLOW = "LeaseKeeperWorkflow"
+"""The keeper's workflow type. It is called by name (and its handlers below by theirs), with typed arguments and
+results: this module serves activities and the CLI, below the workflows in the layers, so it never imports the
+workflow; tests/hosts/test_keeper_names.py holds each name to LeaseKeeperWorkflow's definition."""
+CONFIGURE, ACQUIRE, RELEASE, TENANT_DEMAND = "configure", "acquire", "release", "tenant_demand"
+"""The keeper's updates."""
+LEASE, STATE = "lease", "state"
+"""The keeper's queries."""
+KEEPALIVE, TICKET_PASSED = "keepalive", "ticket_passed"
+"""The keeper's signals."""
+RECORD_HOST_CHECK = "record_host_check"
+"""The keeper's update that keeps a host's check of itself (daedalus.hosts.check)."""
 
 
 async def ensure_keeper(
@@ -49,8 +61,8 @@ async def ensure_keeper(
 ) -> WorkflowHandle[Any, Any]:
     """Start the host's keeper if it is not running, and give it the registry's current entry."""
     spec = registry.host(host)
-    handle = await client.start_workflow(
-        LeaseKeeperWorkflow.run,
+    handle: WorkflowHandle[Any, Any] = await client.start_workflow(
+        KEEPER_WORKFLOW,
         KeeperInput(host=spec, pool_constraints=registry.constraints, **options),
         id=keeper_id(host),
         task_queue=control_queue,
@@ -67,8 +79,9 @@ async def ensure_keeper(
     await _update(
         client,
         host,
-        LeaseKeeperWorkflow.configure,
+        CONFIGURE,
         HostConfig(host=spec, pool_constraints=registry.constraints),
+        KeeperState,
     )
     return handle
 
@@ -82,14 +95,14 @@ BUSY_RETRY_S = 60.0
 """How long to keep retrying while the keeper has too many updates in flight (Temporal's per-workflow limit)."""
 
 
-async def _update(client: Client, host: str, update: Any, argument: Any) -> Any:
+async def _update(client: Client, host: str, update: str, argument: Any, result_type: Any) -> Any:
     handle = client.get_workflow_handle(keeper_id(host))
     deadline = time.monotonic() + BUSY_RETRY_S
     delay = 0.02
     try:
         while True:
             try:
-                return await handle.execute_update(update, argument)
+                return await handle.execute_update(update, argument, result_type=result_type)
             except WorkflowUpdateRPCTimeoutOrCancelledError:
                 # A busy keeper took longer than the RPC allows; every update here is safe to send again.
                 if time.monotonic() > deadline:
@@ -117,7 +130,7 @@ async def _update(client: Client, host: str, update: Any, argument: Any) -> Any:
 async def _query_lease(client: Client, host: str, lease_id: str) -> LeaseOutcome:
     try:
         outcome: LeaseOutcome = await client.get_workflow_handle(keeper_id(host)).query(
-            LeaseKeeperWorkflow.lease, lease_id
+            LEASE, lease_id, result_type=LeaseOutcome
         )
     except RPCError as error:
         raise LeaseError(f"lease keeper of host {host}: {error.message}") from error
@@ -126,7 +139,7 @@ async def _query_lease(client: Client, host: str, lease_id: str) -> LeaseOutcome
 
 async def keepalive(client: Client, host: str, lease_id: str) -> None:
     try:
-        await client.get_workflow_handle(keeper_id(host)).signal(LeaseKeeperWorkflow.keepalive, lease_id)
+        await client.get_workflow_handle(keeper_id(host)).signal(KEEPALIVE, lease_id)
     except RPCError as error:
         raise LeaseError(f"lease keeper of host {host}: {error.message}") from error
 
@@ -139,7 +152,7 @@ async def acquire(client: Client, host: str, request: LeaseRequest) -> LeaseOutc
     the request alive with the `keepalive` signal, so that a long queue never exhausts Temporal's limit of
     in-flight updates per workflow.
     """
-    outcome: LeaseOutcome = await _update(client, host, LeaseKeeperWorkflow.acquire, request)
+    outcome: LeaseOutcome = await _update(client, host, ACQUIRE, request, LeaseOutcome)
     kept_alive = time.monotonic()
     every = waiting_ttl_s(request) / 4
     while True:
@@ -151,7 +164,7 @@ async def acquire(client: Client, host: str, request: LeaseRequest) -> LeaseOutc
         try:
             if position < 2:
                 asked = time.monotonic()
-                outcome = await _update(client, host, LeaseKeeperWorkflow.acquire, request)
+                outcome = await _update(client, host, ACQUIRE, request, LeaseOutcome)
                 kept_alive = asked
                 if time.monotonic() - asked < 0.5:
                     await asyncio.sleep(0.1)  # the keeper had no room to wait: do not spin
@@ -177,19 +190,21 @@ async def heartbeat(client: Client, host: str, lease_id: str) -> LeaseOutcome:
 
 
 async def release(client: Client, host: str, lease_id: str, reason: str = "released") -> None:
-    await _update(client, host, LeaseKeeperWorkflow.release, Release(lease_id=lease_id, reason=reason))
+    await _update(client, host, RELEASE, Release(lease_id=lease_id, reason=reason), LeaseOutcome)
 
 
 async def tenant_demand(client: Client, host: str, tenant: str, *, busy: bool) -> list[str]:
     """The tenant's own work arrived (busy) or ended: returns the lease ids revoked for it."""
     revoked: list[str] = await _update(
-        client, host, LeaseKeeperWorkflow.tenant_demand, TenantDemand(tenant=tenant, busy=busy)
+        client, host, TENANT_DEMAND, TenantDemand(tenant=tenant, busy=busy), list[str]
     )
     return revoked
 
 
 async def keeper_state(client: Client, host: str) -> KeeperState:
-    state: KeeperState = await client.get_workflow_handle(keeper_id(host)).query(LeaseKeeperWorkflow.state)
+    state: KeeperState = await client.get_workflow_handle(keeper_id(host)).query(
+        STATE, result_type=KeeperState
+    )
     return state
 
 
@@ -197,9 +212,7 @@ async def ticket_passed(client: Client, registry: Registry, ticket_id: str) -> N
     """Lift at once every standing constraint bound to `ticket_id` (the keepers also poll the store)."""
     for host in registry.names:
         with contextlib.suppress(RPCError):
-            await client.get_workflow_handle(keeper_id(host)).signal(
-                LeaseKeeperWorkflow.ticket_passed, ticket_id
-            )
+            await client.get_workflow_handle(keeper_id(host)).signal(TICKET_PASSED, ticket_id)
 
 
 @dataclass
