@@ -19,9 +19,9 @@ from temporalio.testing import ActivityEnvironment
 
 from daedalus.activities.report import ReportActivities
 from daedalus.hosts.registry import HostSpec, Registry
-from daedalus.report.schedule import ensure_digest_schedule
 from daedalus.schemas.notify import NotifyOutcome
 from daedalus.schemas.report import DigestInput
+from daedalus.services.report_schedule import ensure_digest_schedule
 from daedalus.slack.settings import SlackSettings
 from tests.report.seeded import fill
 from tests.slack.fake_slack import FakeSlack, running_fake_slack

@@ -19,8 +19,8 @@ def report_schedule(
 ) -> None:
     """Create (or update) the schedule; the control worker writes the HTML report and posts the summary."""
     from daedalus.api.report import parse_window
-    from daedalus.report.schedule import ensure_digest_schedule
     from daedalus.schemas.report import DigestInput
+    from daedalus.services.report_schedule import ensure_digest_schedule
 
     try:
         interval, covered = parse_window(every), parse_window(window)

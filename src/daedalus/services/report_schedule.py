@@ -1,4 +1,5 @@
-"""The Temporal schedule that posts the report digest to Slack (`daedalus report-schedule`)."""
+"""The Temporal schedule that posts the report digest to Slack (`daedalus report-schedule`): a typed client of
+ReportDigestWorkflow, so it sits in the services, above the workflows it starts."""
 
 from __future__ import annotations
 
