@@ -10,6 +10,8 @@ CONTROL_QUEUE = "daedalus-control"
 TICKET_PREFIX = "ticket-"
 TRAINING_PREFIX = "training-"
 CAMPAIGN_PREFIX = "campaign-"
+QUESTION_PREFIX = "question-"
+QUESTION_SUBJECT = "question:"
 HOST_QUEUE_PREFIX = "host-"
 
 
@@ -25,6 +27,16 @@ def training_workflow_id(name: str) -> str:
 def campaign_workflow_id(campaign_id: str) -> str:
     """A campaign's workflow id, which is also its audit subject."""
     return f"{CAMPAIGN_PREFIX}{campaign_id}"
+
+
+def question_workflow_id(question_id: str) -> str:
+    """A question's workflow id (a question belongs to no ticket: daedalus.decisions.questions)."""
+    return f"{QUESTION_PREFIX}{question_id}"
+
+
+def question_subject_key(question_id: str) -> str:
+    """A question's audit subject: `question:<id>`, which no ticket id (a slug, no colon) can be."""
+    return f"{QUESTION_SUBJECT}{question_id}"
 
 
 def host_queue(host: str) -> str:

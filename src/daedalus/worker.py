@@ -47,6 +47,7 @@ from daedalus.store.seals import AuditKey, seal_unsealed
 from daedalus.workflows.campaign import CampaignWorkflow
 from daedalus.workflows.lease_keeper import LeaseKeeperWorkflow
 from daedalus.workflows.leased_step import LeasedStepWorkflow
+from daedalus.workflows.question import QuestionWorkflow
 from daedalus.workflows.report_digest import ReportDigestWorkflow
 from daedalus.workflows.runner import ContextFreeRunner, ignores_context
 from daedalus.workflows.ticket import TicketWorkflow
@@ -78,6 +79,7 @@ WORKFLOWS: Sequence[type] = (
     LeasedStepWorkflow,
     ReportDigestWorkflow,
     CampaignWorkflow,
+    QuestionWorkflow,
 )
 
 

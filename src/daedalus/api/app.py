@@ -10,7 +10,17 @@ from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
 from temporalio.client import Client
 
-from daedalus.api import audit, decisions, hosts, identity, report, slack_interactions, tickets, training
+from daedalus.api import (
+    audit,
+    decisions,
+    hosts,
+    identity,
+    questions,
+    report,
+    slack_interactions,
+    tickets,
+    training,
+)
 from daedalus.api.console import router as console_router
 from daedalus.api.context import ApiContext, ClientFactory
 from daedalus.api.errors import validation_handler
@@ -75,6 +85,7 @@ def create_app(
         hosts.router,
         training.router,
         decisions.router,
+        questions.router,
         audit.router,
         report.router,
         slack_interactions.router,

@@ -12,12 +12,14 @@ from daedalus import services as tickets
 from daedalus.api.context import Caller, Context, TemporalClient, require_same_person
 from daedalus.api.errors import refusal, within
 from daedalus.api.models import DecisionPublic
+from daedalus.decisions.questions import QuestionStatus
 from daedalus.decisions.schemas import Decision
 from daedalus.errors import TicketError
 from daedalus.ids import training_workflow_id
 from daedalus.schemas.campaigns import CampaignStatus
 from daedalus.schemas.ticket import TicketState, TicketStatus
 from daedalus.schemas.training import TrainingRunStatus
+from daedalus.services import questions
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 from daedalus.workflows.training import TrainingRunWorkflow
@@ -26,11 +28,12 @@ router = APIRouter(prefix="/decisions", tags=["decisions"])
 POLL_S = 0.1
 
 
-@router.post("", response_model=TicketState | TrainingRunStatus | CampaignStatus)
+@router.post("", response_model=TicketState | TrainingRunStatus | CampaignStatus | QuestionStatus)
 async def decide(
     decision: Decision, caller: Caller, context: Context, client: TemporalClient
-) -> TicketState | TrainingRunStatus | CampaignStatus:
-    """Answer a decision request (a ticket's, a training run's escalation or a campaign's proposal).
+) -> TicketState | TrainingRunStatus | CampaignStatus | QuestionStatus:
+    """Answer a decision request (a ticket's, a training run's escalation, a campaign's proposal or a
+    question for the deciders).
 
     `decided_by` must be the caller; the subject's workflow checks the request id, the option and the caller's
     authority before it writes anything (409 with its reason when it refuses). The answer is the subject's
@@ -50,8 +53,10 @@ async def decide(
 
 
 async def state_after(
-    client: Client, decision: Decision, accepted: TicketState | TrainingRunStatus | CampaignStatus
-) -> TicketState | TrainingRunStatus | CampaignStatus:
+    client: Client,
+    decision: Decision,
+    accepted: TicketState | TrainingRunStatus | CampaignStatus | QuestionStatus,
+) -> TicketState | TrainingRunStatus | CampaignStatus | QuestionStatus:
     """The state once the decision is applied and recorded.
 
     The `decide` update answers as soon as the ticket accepts the decision, with the state from before it;
@@ -61,6 +66,12 @@ async def state_after(
     """
     if isinstance(accepted, CampaignStatus):
         return accepted  # a campaign closes on its proposal's answer; its status carries the adopted preset
+    if isinstance(accepted, QuestionStatus):
+        while True:  # a question closes on its answer: return it once the close is written
+            question = await questions.status(client, accepted.question_id)
+            if question.status.is_closed:
+                return question
+            await asyncio.sleep(POLL_S)
     if isinstance(accepted, TrainingRunStatus):
         handle = client.get_workflow_handle(training_workflow_id(accepted.name))
         while True:

@@ -48,6 +48,8 @@ ENTRIES = (
     Entry("lessons", "lessons", "app", sub_app=True),
     Entry("campaign", "campaigns", "app", sub_app=True),
     Entry("verdict", "verdicts", "app", sub_app=True),
+    Entry("question", "questions", "app", sub_app=True),
+    Entry("rulings", "questions", "rulings", sub_app=False),
 )
 NAMES = frozenset(entry.name for entry in ENTRIES)
 

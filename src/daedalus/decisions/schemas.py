@@ -13,7 +13,13 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from daedalus.ids import campaign_workflow_id, ticket_workflow_id, training_workflow_id
+from daedalus.ids import (
+    campaign_workflow_id,
+    question_subject_key,
+    question_workflow_id,
+    ticket_workflow_id,
+    training_workflow_id,
+)
 from daedalus.schemas._base import Model, SpecModel
 from daedalus.schemas.limits import Note
 
@@ -24,6 +30,8 @@ class DecisionKind(StrEnum):
     DISPATCH = "dispatch"
     ESCALATION = "escalation"
     DEPLOYMENT = "deployment"
+    QUESTION = "question"
+    """A question for the deciders that belongs to no ticket (daedalus.decisions.questions)."""
 
 
 class Channel(StrEnum):
@@ -137,7 +145,29 @@ class CampaignSubject(Model):
         return f"campaign {self.campaign}"
 
 
-DecisionSubject = Annotated[TicketSubject | TrainingRunSubject | CampaignSubject, Field(discriminator="kind")]
+class QuestionSubject(Model):
+    """A question that belongs to no ticket: its own subject kind. Its audit trail is keyed `question:<id>`,
+    which no ticket, run or campaign id can be (theirs are slugs, without a colon)."""
+
+    kind: Literal["question"] = "question"
+    question: str
+
+    @property
+    def workflow_id(self) -> str:
+        return question_workflow_id(self.question)
+
+    @property
+    def audit_key(self) -> str:
+        return question_subject_key(self.question)
+
+    @property
+    def label(self) -> str:
+        return f"question {self.question}"
+
+
+DecisionSubject = Annotated[
+    TicketSubject | TrainingRunSubject | CampaignSubject | QuestionSubject, Field(discriminator="kind")
+]
 """What a decision is about; its workflow answers the `decide` update."""
 
 

@@ -97,6 +97,11 @@ def _context_of(preset: LlamaCppPreset | VllmPreset) -> tuple[int, str]:
     return preset.context // preset.parallel, f"context per slot ({preset.context} / {preset.parallel} slots)"
 
 
+def preset_at_filing(ref: str, engine: EngineRef | None) -> LlamaCppPreset | VllmPreset | None:
+    """The preset a gate (or the engine's `preset`) will load, as the filing side can see it; else None."""
+    return _preset_at_filing(ref, engine)
+
+
 def _preset_at_filing(ref: str, engine: EngineRef | None) -> LlamaCppPreset | VllmPreset | None:
     """The preset a gate will load, read as the gate will find it, when this side can see it; else None."""
     path = Path(ref)

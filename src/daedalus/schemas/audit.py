@@ -28,6 +28,8 @@ class AuditKind(StrEnum):
     HUNT = "hunt"
     EVALUATION = "evaluation"
     DEPLOYMENT = "deployment"
+    RULED = "ruled"
+    """A question's answer made a standing ruling (detail `ruling`: the Ruling as JSON)."""
 
 
 TEMPORAL_ACTOR = "temporal"

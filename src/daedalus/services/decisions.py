@@ -16,10 +16,12 @@ from sqlalchemy import Engine
 from temporalio.client import Client
 
 from daedalus.decisions.authority import AuthorityPolicy, refusal
+from daedalus.decisions.questions import QuestionStatus
 from daedalus.decisions.schemas import (
     CampaignSubject,
     Decision,
     DecisionSubject,
+    QuestionSubject,
     TicketSubject,
     TrainingRunSubject,
 )
@@ -31,6 +33,7 @@ from daedalus.services._temporal import TicketError, UnknownRequest, update
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 from daedalus.workflows.campaign import CampaignWorkflow
+from daedalus.workflows.question import QuestionWorkflow
 from daedalus.workflows.ticket import TicketWorkflow
 from daedalus.workflows.training import TrainingRunWorkflow
 
@@ -47,7 +50,7 @@ async def subject_of(request_id: str, *, store: Engine) -> DecisionSubject:
     found = await asyncio.to_thread(read)
     if found is None:
         raise UnknownRequest(
-            f"unknown decision request {request_id!r}: no ticket, training run or campaign asked it; "
+            f"unknown decision request {request_id!r}: no ticket, training run, campaign or question asked it; "
             f"`daedalus ticket show ID` or `GET /decisions?pending=true` lists the pending ones"
         )
     try:
@@ -65,7 +68,7 @@ async def decide(
     subject: DecisionSubject | None = None,
     store: Engine | None = None,
     policy: AuthorityPolicy | None = None,
-) -> TicketState | TrainingRunStatus | CampaignStatus:
+) -> TicketState | TrainingRunStatus | CampaignStatus | QuestionStatus:
     """Answer a pending decision through its subject's `decide` update, whose validator checks the request
     id, the option and the decider's authority before anything is written."""
     if subject is None:
@@ -92,6 +95,11 @@ async def decide(
                 client, subject.workflow_id, subject.label, CampaignWorkflow.decide, decision
             )
             return campaign
+        case QuestionSubject():
+            question: QuestionStatus = await update(
+                client, subject.workflow_id, subject.label, QuestionWorkflow.decide, decision
+            )
+            return question
         case _:
             assert_never(subject)
 
@@ -108,6 +116,8 @@ async def _check_policy(
             request = (await handle.query(TrainingRunWorkflow.status)).pending_decision
         case CampaignSubject():
             request = await handle.query(CampaignWorkflow.pending_decision)
+        case QuestionSubject():
+            request = await handle.query(QuestionWorkflow.pending_decision)
         case _:
             assert_never(subject)
     why = refusal(request, decision, policy) if request is not None else None

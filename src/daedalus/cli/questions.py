@@ -1,0 +1,175 @@
+"""`daedalus question ...` and `daedalus rulings`: ask the deciders a question that belongs to no ticket, list
+and read questions, withdraw one, and list the standing rulings. Answer a question with `daedalus decide`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from daedalus.cli._common import client, console, fail, run, settings, store
+from daedalus.cli.remote import local_person, shared_stack
+from daedalus.escaping import for_terminal
+
+if TYPE_CHECKING:
+    from daedalus.decisions.questions import QuestionStatus
+
+app = typer.Typer(
+    add_completion=False,
+    help="Questions for the deciders that belong to no ticket; answer them with `daedalus decide`.",
+)
+AS_HELP = "who acts (the local stack trusts it; a shared stack takes it from your token)"
+
+
+@app.command()
+def ask(
+    file: Annotated[Path, typer.Option("-f", "--file", help="question (YAML), see examples/questions/")],
+    who: Annotated[str | None, typer.Option("--as", help=AS_HELP)] = None,
+) -> None:
+    """Ask the deciders; refused (nothing started) for a past deadline, unknown deciders or an id asked before."""
+    from daedalus.cli._common import policy
+    from daedalus.services import questions
+
+    spec = questions.load_question(file)
+    remote = shared_stack()
+    if remote is not None:
+        who = remote.acting_as(who)
+        asked: dict[str, Any] = remote.call("POST", "/questions", json=spec.model_dump(mode="json"))
+        deciders = asked["deciders"]
+    else:
+        who = local_person(who)
+        temporal = settings().temporal
+
+        async def go() -> str:
+            handle = await questions.ask(
+                await client(),
+                spec,
+                queue=temporal.control_queue,
+                asked_by=who,
+                policy=policy(),
+                store=store(),
+            )
+            return handle.id
+
+        run(go())
+        deciders = questions.resolve_deciders(spec, who, policy())
+    console.print(
+        for_terminal(
+            f"asked question {spec.id} of {', '.join(deciders)} (deadline {spec.deadline:%Y-%m-%d %H:%M} UTC); "
+            f"answer it with `daedalus decide {spec.id}-question-1 <{'|'.join(spec.options)}>`"
+        ),
+        highlight=False,
+    )
+
+
+@app.command("list")
+def list_(
+    pending: Annotated[bool, typer.Option("--pending", help="only questions still waiting")] = False,
+) -> None:
+    """Questions from the store, oldest first: open ones with their request id, answered ones with the answer."""
+    remote = shared_stack()
+    if remote is not None:
+        rows: list[dict[str, Any]] = remote.call("GET", "/questions", params={"pending": pending})
+    else:
+        from daedalus.services import questions
+        from daedalus.store.database import session_scope
+
+        with session_scope(store()) as session:
+            rows = [
+                {
+                    "request_id": row.request_id,
+                    "question": row.question,
+                    "options": row.options,
+                    "option": row.option,
+                    "decided_by": row.decided_by,
+                    "open": row.decided_at is None,
+                    "note": row.note,
+                }
+                for row in questions.question_rows(session, pending=pending)
+            ]
+    if not rows:
+        console.print("no questions" + (" waiting" if pending else ""))
+    for row in rows:
+        if row["open"]:
+            state = f"open: {'|'.join(row['options'])}"
+        elif row["decided_by"]:
+            state = f"done: {row['decided_by']} chose {row['option']}"
+        else:
+            state = row["note"] or "closed"
+        console.print(for_terminal(f"{row['request_id']}  {row['question']}  [{state}]"), highlight=False)
+
+
+@app.command()
+def show(question_id: str) -> None:
+    """One question's state: its pending request (id, options, evidence), or its outcome and any ruling."""
+    remote = shared_stack()
+    if remote is not None:
+        from daedalus.decisions.questions import QuestionStatus
+
+        state = QuestionStatus.model_validate(remote.call("GET", f"/questions/{question_id}"))
+    else:
+        from daedalus.services import questions
+
+        async def go() -> QuestionStatus:
+            return await questions.status(await client(), question_id)
+
+        state = run(go())
+    lines = [f"question {state.question_id}: {state.question}", f"status: {state.status.value}"]
+    lines.append(f"asked by {state.asked_by}; deadline {state.deadline:%Y-%m-%d %H:%M} UTC")
+    request = state.pending_decision
+    if request is not None:
+        lines.append(
+            f"waiting: {request.id} for {', '.join(request.allowed)}; options: {', '.join(request.options)}"
+        )
+        lines += [f"  evidence: {line}" for line in request.evidence]
+    if state.outcome is not None:
+        by = f" by {state.decided_by}" if state.decided_by else " (at the deadline)"
+        lines.append(f"outcome: {state.outcome}{by}" + (f": {state.note}" if state.note else ""))
+    if state.ruling is not None:
+        lines.append(f"standing ruling: {state.ruling.label()}: {state.ruling.rule.describe()}")
+    console.print(for_terminal("\n".join(lines)), highlight=False)
+
+
+@app.command()
+def withdraw(
+    question_id: str,
+    reason: Annotated[str, typer.Option(help="why, kept in the audit trail")],
+    who: Annotated[str | None, typer.Option("--as", help=AS_HELP)] = None,
+) -> None:
+    """Withdraw an open question (its asker or a decider)."""
+    from daedalus.decisions.questions import WithdrawQuestion
+
+    remote = shared_stack()
+    who = remote.acting_as(who) if remote is not None else local_person(who)
+    try:
+        request = WithdrawQuestion(requested_by=who, reason=reason)
+    except ValueError as error:
+        fail(f"cannot withdraw question {question_id}: {error}")
+    if remote is not None:
+        remote.call("POST", f"/questions/{question_id}/withdraw", json=request.model_dump(mode="json"))
+    else:
+        from daedalus.services import questions
+
+        async def go() -> QuestionStatus:
+            return await questions.withdraw(await client(), question_id, request)
+
+        run(go())
+    console.print(for_terminal(f"question {question_id} withdrawn by {who}"), highlight=False)
+
+
+def rulings() -> None:
+    """The standing rulings, oldest first: what each forbids or requires, who ruled and when."""
+    from daedalus.decisions.rulings import Ruling
+
+    remote = shared_stack()
+    if remote is not None:
+        found = [Ruling.model_validate(r) for r in remote.call("GET", "/rulings")]
+    else:
+        from daedalus.services import questions
+
+        found = questions.read_rulings(store())
+    if not found:
+        console.print("no standing rulings")
+    for ruling in found:
+        console.print(for_terminal(f"{ruling.label()}: {ruling.rule.describe()}"), highlight=False)
