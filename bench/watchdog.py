@@ -40,9 +40,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from daedalus.engines import trainer_process as tp
-from daedalus.engines.memory import TrainerCgroup, read_counter_file
-from daedalus.engines.watchdog import CURVE_FILE, STOP_FILE, read_curve, run_dir_for, supervise_segment
 from daedalus.errors import TrainingInputError
 from daedalus.schemas.training import (
     GIB,
@@ -54,6 +51,11 @@ from daedalus.schemas.training import (
     TrainingRunSpec,
     WatchdogPolicy,
 )
+from daedalus.training import trainer_keeper as tp
+from daedalus.training.curve import CURVE_FILE, read_curve
+from daedalus.training.incarnation import STOP_FILE, run_dir_for
+from daedalus.training.memory import TrainerCgroup, read_counter_file
+from daedalus.training.supervisor import supervise_segment
 from record import Recording  # bench/record.py: this script's directory is first on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]

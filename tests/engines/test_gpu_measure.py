@@ -18,10 +18,10 @@ from daedalus.engines.gpu import (
     nvml_or_none,
 )
 from daedalus.engines.measure import UnsupportedMetric, measure
-from daedalus.engines.memory import Nvml
 from daedalus.engines.presets import load_preset
 from daedalus.engines.process import EngineError
 from daedalus.schemas.gates import METRIC_DIRECTIONS, Direction, Metric
+from daedalus.training.memory import Nvml
 
 
 def test_the_bandwidth_floor_is_bandwidth_over_bytes_per_token() -> None:

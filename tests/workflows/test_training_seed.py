@@ -121,7 +121,7 @@ async def test_seed_train8_progress_evaluations_and_a_deployment_committed_on_ap
             "command": [
                 sys.executable,
                 "-m",
-                "daedalus.engines.gpu_trainer",
+                "daedalus.training.gpu_trainer",
                 "--device",
                 "cpu",
                 "--d-model",
@@ -160,7 +160,7 @@ async def test_seed_train8_progress_evaluations_and_a_deployment_committed_on_ap
                     metric=Metric.ACCEPTANCE_LENGTH,
                     kind=GateKind.AB,
                     threshold=2.5,
-                    command="python -m daedalus.engines.drafter_eval --k 4 --rounds 5",
+                    command="python -m daedalus.training.drafter_eval --k 4 --rounds 5",
                     timeout_s=300,
                 ),
                 deploy=deploy_policy(repo),

@@ -15,10 +15,7 @@ from daedalus.activities.refs import (
     TRAINING_HOST_REPORT,
 )
 from daedalus.confinement import StepSettings
-from daedalus.engines.checkpoint_eval import checkpoint_step, run_evaluation
-from daedalus.engines.host_report import host_report
 from daedalus.engines.serving_config import deploy
-from daedalus.engines.watchdog import supervise_segment
 from daedalus.errors import SandboxError, maps_errors
 from daedalus.gates.verdicts import decide
 from daedalus.processes import log_tail
@@ -35,6 +32,9 @@ from daedalus.schemas.training import (
     SegmentReport,
     SuperviseInput,
 )
+from daedalus.training.checkpoint_eval import checkpoint_step, run_evaluation
+from daedalus.training.host_report import host_report
+from daedalus.training.supervisor import supervise_segment
 
 
 class TrainingActivities:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from sqlmodel import Session, col, select
 
-from daedalus.engines.watchdog import read_curve
 from daedalus.ids import TRAINING_PREFIX
 from daedalus.report.model import (
     CampaignView,
@@ -27,6 +26,7 @@ from daedalus.schemas.ticket import TicketStatus
 from daedalus.schemas.training import GIB
 from daedalus.store import queries
 from daedalus.store.tables import AuditEventRow, CampaignRow, DecisionRow, TicketRow, VerdictRow
+from daedalus.training.curve import read_curve
 
 MAX_CURVE_POINTS = 600
 TONES: dict[str, str] = {

@@ -21,7 +21,7 @@ SMALL = ["--d-model", "32", "--layers", "1", "--heads", "2", "--seq", "16", "--b
 
 
 def trainer(*args: str, env: dict[str, str] | None = None) -> list[str]:
-    return [sys.executable, "-m", "daedalus.engines.gpu_trainer", *SMALL, *args]
+    return [sys.executable, "-m", "daedalus.training.gpu_trainer", *SMALL, *args]
 
 
 def test_trains_checkpoints_and_resumes(tmp_path: Path) -> None:

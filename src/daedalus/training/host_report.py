@@ -13,8 +13,8 @@ from pathlib import Path
 
 import psutil
 
-from daedalus.engines.memory import Nvml
 from daedalus.schemas.training import HostReport, HostReportInput, InvisiblePlayer
+from daedalus.training.memory import Nvml
 
 EARLYOOM_FLAGS = {
     "-m": "min_mem_percent",

@@ -14,16 +14,6 @@ import psutil
 import pytest
 from pydantic import ValidationError
 
-from daedalus.engines import trainer_process as tp
-from daedalus.engines.memory import OomCounters, cgroup_oom_file, kernel_log_oom, read_counter_file
-from daedalus.engines.watchdog import (
-    classify,
-    complete_checkpoints,
-    oom_evidence,
-    prune_checkpoints,
-    run_dir_for,
-    supervise_segment,
-)
 from daedalus.errors import TrainingInputError
 from daedalus.schemas.training import (
     CheckpointPolicy,
@@ -35,6 +25,12 @@ from daedalus.schemas.training import (
     TrainingRunSpec,
     WatchdogPolicy,
 )
+from daedalus.training import trainer_keeper as tp
+from daedalus.training.checkpoints import complete_checkpoints, prune_checkpoints
+from daedalus.training.deaths import classify, oom_evidence
+from daedalus.training.incarnation import run_dir_for
+from daedalus.training.memory import OomCounters, cgroup_oom_file, kernel_log_oom, read_counter_file
+from daedalus.training.supervisor import supervise_segment
 
 TRAINER = Path(__file__).resolve().parents[1] / "fixtures" / "trainer.py"
 
@@ -107,7 +103,7 @@ def trainers_of(spec: TrainingRunSpec) -> list[psutil.Process]:
         if (
             str(TRAINER) in cmd
             and str(spec.checkpoints.directory) in cmd
-            and "daedalus.engines.trainer_process" not in cmd
+            and "daedalus.training.trainer_keeper" not in cmd
         ):
             found.append(proc)
     return found

@@ -6,8 +6,8 @@ import os
 import time
 from pathlib import Path
 
-from daedalus.engines.watchdog import complete_checkpoints, prune_checkpoints, record_preexisting
 from daedalus.schemas.training import CheckpointPolicy
+from daedalus.training.checkpoints import complete_checkpoints, prune_checkpoints, record_preexisting
 
 
 def checkpoint(directory: Path, name: str, marker: str = "COMPLETE") -> Path:

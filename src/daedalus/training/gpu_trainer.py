@@ -1,6 +1,6 @@
 """A real PyTorch trainer for supervised GPU training runs: a small transformer on synthetic data.
 
-`python -m daedalus.engines.gpu_trainer [options]` trains a decoder-only transformer (PyTorch's own layers) on
+`python -m daedalus.training.gpu_trainer [options]` trains a decoder-only transformer (PyTorch's own layers) on
 sequences from a fixed affine recurrence (x[t+1] = a*x[t] + b mod V, a random start each), so the loss really
 falls and a resumed run can be seen to continue where it was. It keeps the watchdog's protocol, the same as
 the tests' trainer: checkpoints are directories `ckpt-<step>` with `model.pt` and `state.json`, and the marker
@@ -9,7 +9,7 @@ checkpoint at the next step boundary; `DAEDALUS_CHECKPOINT_DIR`, `DAEDALUS_CHECK
 `DAEDALUS_RESUME_FROM` and `DAEDALUS_TARGET_STEPS` (the default of `--steps`) come from the watchdog, and its
 steps and tokens go to `DAEDALUS_PROGRESS_FILE` (`{"step": N, "tokens": T}`, at most twice a second), from which
 the watchdog reports throughput and the ETA. A checkpoint's `state.json` also holds the model's shape, so that
-`daedalus.engines.drafter_eval` can rebuild it.
+`daedalus.training.drafter_eval` can rebuild it.
 
 `--leak-mib-per-step` holds that much *host* memory more every step (filled, so it is resident): the
 deliberate, configurable leak that the watchdog is there to catch. torch is imported here only; it is no
@@ -33,7 +33,7 @@ MIB = 1024 * 1024
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ
     p = argparse.ArgumentParser(
-        prog="python -m daedalus.engines.gpu_trainer", description=__doc__.splitlines()[0]
+        prog="python -m daedalus.training.gpu_trainer", description=__doc__.splitlines()[0]
     )
     p.add_argument("--steps", type=int, default=int(env.get("DAEDALUS_TARGET_STEPS") or 0),
                    help="stop after this step (0 = until stopped)")  # fmt: skip

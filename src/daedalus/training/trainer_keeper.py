@@ -1,6 +1,6 @@
 """Start a trainer so that it outlives its supervisor, and find it again after the supervisor restarts.
 
-The trainer runs under a tiny keeper (`python -m daedalus.engines.trainer_process`), in a session of its own.
+The trainer runs under a tiny keeper (`python -m daedalus.training.trainer_keeper`), in a session of its own.
 The keeper sets oom_score_adj before the trainer executes, records pid + create_time in `trainer.json`, waits,
 and writes the exit status to `exit.json`: the watchdog is not the trainer's parent after a restart, so the
 keeper is what remembers how it died. The trainer has its own process group, so a stop can kill all of it
@@ -162,7 +162,7 @@ def launch(
             [
                 sys.executable,
                 "-m",
-                "daedalus.engines.trainer_process",
+                "daedalus.training.trainer_keeper",
                 "--dir",
                 str(run_dir),
                 "--oom-score-adj",

@@ -1,7 +1,7 @@
 """A drafter checkpoint's acceptance length against n-gram drafting: the CPU stand-in for train8's evaluation.
 
-`python -m daedalus.engines.drafter_eval [--checkpoint DIR]` (default `$DAEDALUS_CHECKPOINT`) rebuilds the small
-transformer `daedalus.engines.gpu_trainer` trained (its shape is in the checkpoint's state.json), and decodes
+`python -m daedalus.training.drafter_eval [--checkpoint DIR]` (default `$DAEDALUS_CHECKPOINT`) rebuilds the small
+transformer `daedalus.training.gpu_trainer` trained (its shape is in the checkpoint's state.json), and decodes
 speculatively with it as the drafter: each step it drafts `--k` tokens greedily, the target accepts the longest
 prefix that matches its own tokens and adds one of its own, as speculative decoding does. The target is exact
 here: the recurrence the trainer's data follows (x[t+1] = 5 x[t] + 3 mod V), so its tokens are known without a
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from daedalus.engines.gpu_trainer import MODEL_ARGS, build_model
+from daedalus.training.gpu_trainer import MODEL_ARGS, build_model
 
 A, B = 5, 3
 """The recurrence of the trainer's synthetic data (gpu_trainer.synthetic_batch)."""
@@ -32,7 +32,7 @@ A, B = 5, 3
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m daedalus.engines.drafter_eval", description=__doc__.splitlines()[0]
+        prog="python -m daedalus.training.drafter_eval", description=__doc__.splitlines()[0]
     )
     default = os.environ.get("DAEDALUS_CHECKPOINT")
     p.add_argument("--checkpoint", type=Path, default=Path(default) if default else None)

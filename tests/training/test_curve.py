@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from daedalus.engines.watchdog import Sample, append_sample, read_curve
+from daedalus.training.curve import Sample, append_sample, read_curve
 
 
 def test_curve_keeps_gpu_memory_and_utilisation(tmp_path: Path) -> None:

@@ -10,15 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from daedalus.engines.memory import (
+from daedalus.schemas.training import GIB, MIB, StopReason, WatchdogPolicy
+from daedalus.training.memory import (
     HostMemory,
     Nvml,
     ProcessTreeMemory,
     read_counter_file,
     read_psi_some_avg10,
 )
-from daedalus.engines.watchdog import StopRule
-from daedalus.schemas.training import GIB, MIB, StopReason, WatchdogPolicy
+from daedalus.training.stop_rule import StopRule
 
 SEED_POLICY = WatchdogPolicy()  # the seed's guard rails: 14 GiB, 2 samples, 15-minute window
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from daedalus.engines.drafter_eval import decode, ngram_proposal, target_next
 from daedalus.engines.serving_config import TRAILER, deploy
 from daedalus.errors import GitError, PresetError
 from daedalus.schemas.training import DeploymentInput, DeploymentPolicy
+from daedalus.training.drafter_eval import decode, ngram_proposal, target_next
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESET = ROOT / "examples" / "training" / "serving-config" / "presets" / "drafter-lane.yaml"

@@ -15,9 +15,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from daedalus.engines.memory import TrainerCgroup
-from daedalus.engines.pressure import MemoryEvents
-from daedalus.engines.watchdog import arm_events, complete_checkpoints, run_dir_for, supervise_segment
 from daedalus.errors import TrainingInputError
 from daedalus.schemas.training import (
     CheckpointPolicy,
@@ -29,6 +26,12 @@ from daedalus.schemas.training import (
     TrainingRunSpec,
     WatchdogPolicy,
 )
+from daedalus.training.checkpoints import complete_checkpoints
+from daedalus.training.incarnation import run_dir_for
+from daedalus.training.memory import TrainerCgroup
+from daedalus.training.memory_events import MemoryEvents
+from daedalus.training.supervisor import supervise_segment
+from daedalus.training.waker import arm_events
 
 TRAINER = Path(__file__).resolve().parents[1] / "fixtures" / "trainer.py"
 GIB = 1024**3

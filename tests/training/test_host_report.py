@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from daedalus.engines.host_report import earlyoom_thresholds, host_report
 from daedalus.schemas.training import HostReportInput
+from daedalus.training.host_report import earlyoom_thresholds, host_report
 
 
 def fake_proc(root: Path, pid: int, *args: str) -> None:
