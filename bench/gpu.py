@@ -749,6 +749,8 @@ def finish_campaign(figures: dict[str, Any], args: argparse.Namespace) -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         shutil.copy(CAMPAIGN_RESULT, args.out / "gpu-campaign.json")
         (args.out / "campaign-report.md").write_text(figures["report_section"])
+        # the cells' server logs: what a cell that did not finish was doing
+        pack_logs(engine_settings().home / "artifacts", args.out / "cell-logs.tar.xz")
 
 
 def finish(figures: dict[str, Any], args: argparse.Namespace) -> None:
@@ -788,8 +790,12 @@ def finish(figures: dict[str, Any], args: argparse.Namespace) -> None:
             )
             text.write(f"$ daedalus {' '.join(command)}\n{done.stdout}{done.stderr}\n")
     # The steps' own logs (agent, build, gates, training), for a ticket that did not pass.
-    artifacts = Path(figures["store_file"]).parent / "artifacts"
-    with tarfile.open(args.out / "step-logs.tar.xz", "w:xz") as tar:
+    pack_logs(Path(figures["store_file"]).parent / "artifacts", args.out / "step-logs.tar.xz")
+
+
+def pack_logs(artifacts: Path, tarball: Path) -> None:
+    """Every log under a store's artifacts (a step's, a cell's server), each under 8 MiB, into one tarball."""
+    with tarfile.open(tarball, "w:xz") as tar:
         for path in sorted(artifacts.rglob("*.log")) if artifacts.is_dir() else []:
             if path.stat().st_size < 8 * 2**20:
                 tar.add(path, arcname=str(path.relative_to(artifacts)))

@@ -123,3 +123,35 @@ async def test_a_cell_runs_llama_server_with_its_flash_attention_batch_and_threa
         "n_threads = 1 (n_threads_batch = 1)",
     ):
         assert line in said, line
+
+
+async def test_a_gpu_cells_needle_server_runs_on_the_cuda_build_the_decode_rounds_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The H200 campaign measured no cell: after its CUDA decode rounds, the needle probe asked for the default
+    (CPU) build, which the GPU host had never made and began to compile inside the cell's time limit."""
+    from daedalus.campaigns.cells import server_build
+    from daedalus.engines import paths
+    from daedalus.engines.llama_build import CPU, source_hash
+    from daedalus.engines.measure import build_config_for
+
+    spec = load_campaign(EXAMPLES / "h200-engine-settings.yaml")
+    # as on the H200, whose nvidia-smi reports compute capability 9.0 (this machine has no nvidia-smi to ask)
+    cuda = cell_preset(spec, spec.cells()[0], gpus=[0]).model_copy(update={"cuda_architectures": ["90"]})
+    config = build_config_for(cuda)
+    assert config.backend == "cuda"
+    real = paths.default_llama_source()
+    cache = tmp_path / "cache"
+    source = cache / "src" / f"llama-cpp-python-{paths.EngineSettings().llama_cpp_python_version}" / "vendor"
+    source.mkdir(parents=True)
+    (source / "llama.cpp").symlink_to(real, target_is_directory=True)
+    digest = source_hash(real)
+    # Both builds finished (the GPU host compiled the CPU one first, the session before): the needle's server
+    # must start from the CUDA one, as the decode rounds' did.
+    for key in (config.cache_key(digest), CPU.cache_key(digest)):
+        (cache / "llama.cpp" / key / "build" / "bin").mkdir(parents=True)
+        (cache / "llama.cpp" / key / "build.json").write_text("{}")
+    monkeypatch.setattr(paths, "_configured", paths.EngineSettings(cache_dir=cache))
+    build = await server_build(cuda)
+    assert build is not None and build.config == config
+    assert build.build_dir == cache / "llama.cpp" / config.cache_key(digest) / "build"

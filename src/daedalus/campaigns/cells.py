@@ -19,7 +19,8 @@ import yaml
 
 from daedalus.engines.bench import Side, benchmark
 from daedalus.engines.hf_tiny_model import HF_MODELS, ensure_hf_model
-from daedalus.engines.measure import _from_bench, ensure_build, measure
+from daedalus.engines.llama_build import LlamaBuild
+from daedalus.engines.measure import _from_bench, build_config_for, ensure_build, measure
 from daedalus.engines.presets import load_preset
 from daedalus.engines.quality import (
     garbage,
@@ -156,6 +157,14 @@ def model_path(spec: CampaignSpec) -> Path:
     return Path(spec.model).expanduser()
 
 
+async def server_build(preset: LlamaCppPreset | VllmPreset) -> LlamaBuild | None:
+    """The llama.cpp build a cell's own server runs on: the one its preset's backend needs (a CUDA preset on the
+    CUDA build the decode rounds used, never the CPU build, which a GPU host would compile first); none for vLLM."""
+    if isinstance(preset, VllmPreset):
+        return None
+    return await ensure_build(config=build_config_for(preset))
+
+
 def _write_preset(preset: LlamaCppPreset | VllmPreset, workdir: Path) -> Path:
     path = workdir / f"{preset.name}.yaml"
     path.write_text(yaml.safe_dump(preset.model_dump(mode="json", exclude_none=True), sort_keys=False))
@@ -253,7 +262,7 @@ async def measure_cell(
             result["kib_per_token"] = kib.samples[0] if kib.invalid_reason is None else None
         if spec.probe_needle:
             # the needle probe `engines.measure` runs for a gate, called directly to keep the answers
-            build = await ensure_build() if isinstance(preset, LlamaCppPreset) else None
+            build = await server_build(preset)
             async with launched(preset, model, workdir / "needle", build=build) as server:
                 needle = await needle_probe(server, lengths=needle_lengths(cell.context))
             low, _ = clopper_pearson(needle.found, needle.total)
