@@ -25,6 +25,7 @@ from pathlib import Path
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from daedalus.decisions.commands import tree_commands
 from daedalus.decisions.schemas import (
     PERSON_PATTERN,
     Decision,
@@ -39,7 +40,6 @@ from daedalus.schemas._base import SpecModel
 from daedalus.schemas.limits import HOST_PATTERN, LIST_ITEMS, Line
 from daedalus.schemas.ticket import ApprovalPolicy, TicketSpec
 from daedalus.schemas.training import TrainingRunSpec
-from daedalus.workflows.ticket_rules import tree_commands
 
 
 class Role(StrEnum):
