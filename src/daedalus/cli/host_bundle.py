@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from daedalus.cli import host_check
-from daedalus.cli._common import console, fail
+from daedalus.cli._common import console, fail, settings
 
 app = typer.Typer(
     add_completion=False,
@@ -57,7 +57,8 @@ def bundle(
         if platform:
             target = BundleTarget(python=target.python, platform=tuple(platform))
         manifest = build_bundle(out, target=target, skip=skip or [], with_temporal=temporal,
-                                with_bwrap=bwrap, max_mib=max_mib or None, progress=lambda m: console.print(f"[dim]{m}[/dim]"))  # fmt: skip
+                                with_bwrap=bwrap, max_mib=max_mib or None, cache=settings().engines.cache_dir,
+                                progress=lambda m: console.print(f"[dim]{m}[/dim]"))  # fmt: skip
     except BundleError as error:
         fail(str(error))
     total = int(manifest["total_bytes"])  # type: ignore[call-overload]

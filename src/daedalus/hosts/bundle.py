@@ -39,7 +39,6 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from daedalus.engines.paths import REPO_ROOT, cache_root
 from daedalus.errors import BundleError
 from daedalus.hosts.bundle_install import (
     DEBS,
@@ -154,8 +153,23 @@ class BundlePlan:
     shipped_over_image: list[str] = field(default_factory=list)
 
 
-def project_requirements(pyproject: Path = REPO_ROOT / "pyproject.toml") -> list[str]:
-    """Daedalus's runtime dependencies as written in pyproject.toml, less those shipped another way."""
+def source_checkout() -> Path:
+    """The Daedalus source checkout this module was imported from (its pyproject.toml and src/): a bundle is built
+    from one. An installed Daedalus (a wheel, a host's venv) has none, and building says so; installing a bundle
+    (bundle_install.py) never needs one."""
+    root = Path(__file__).resolve().parents[3]
+    if not (root / "pyproject.toml").is_file() or not (root / "src" / "daedalus").is_dir():
+        raise BundleError(
+            f"{root} is not a Daedalus source checkout (no pyproject.toml and src/daedalus): build a bundle "
+            "from a checkout (git clone, then pip install -e .), or pass its path as `source`"
+        )
+    return root
+
+
+def project_requirements(pyproject: Path | None = None) -> list[str]:
+    """Daedalus's runtime dependencies as written in pyproject.toml (default: the source checkout's), less those
+    shipped another way."""
+    pyproject = pyproject or source_checkout() / "pyproject.toml"
     if not pyproject.is_file():
         raise BundleError(f"{pyproject} is missing: build a bundle from a Daedalus source checkout")
     deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
@@ -308,10 +322,10 @@ def temporal_source_binary() -> Path:
     return temporal_binary()
 
 
-def compressed_temporal(binary: Path, progress: Progress | None = None) -> Path:
-    """`binary` xz-compressed, cached by its hash (compressing 156 MB takes a minute)."""
+def compressed_temporal(binary: Path, cache: Path, progress: Progress | None = None) -> Path:
+    """`binary` xz-compressed, cached by its hash under `cache`/bundle (compressing 156 MB takes a minute)."""
     digest = _sha256(binary)[:16]
-    cached = cache_root() / "bundle" / f"temporal-{digest}.xz"
+    cached = cache / "bundle" / f"temporal-{digest}.xz"
     if cached.is_file():
         return cached
     cached.parent.mkdir(parents=True, exist_ok=True)
@@ -396,16 +410,21 @@ def build_bundle(
     with_bwrap: bool = True,
     max_mib: float | None = 64.0,
     progress: Progress | None = None,
+    source: Path | None = None,
+    cache: Path | None = None,
 ) -> dict[str, object]:
     """Write the bundle into `out` (which must not exist, or be empty); return its manifest.
 
-    Over `max_mib`, the half-made directory is removed and the error names the largest files.
+    `source` is the Daedalus checkout whose wheel and dependencies go in (default: `source_checkout()`); `cache`
+    keeps the compressed temporal binary (default: the checkout's .cache, the engine cache's own default). Over
+    `max_mib`, the half-made directory is removed and the error names the largest files.
     """
+    source = source or source_checkout()
     out = out.resolve()
     if out.exists() and any(out.iterdir()):
         raise BundleError(f"{out} exists and is not empty; pass a new directory to -o")
     skipping = skip_set(skip)
-    requirements = project_requirements()
+    requirements = project_requirements(source / "pyproject.toml")
     made = not out.exists()
     try:
         wheels = out / WHEELS
@@ -414,10 +433,11 @@ def build_bundle(
         if plan.pins:
             _pip(["download", "--no-deps", "--quiet", "--dest", str(wheels), *target.pip_args(), *plan.pins],
                  progress)  # fmt: skip
-        _daedalus_wheel(wheels, progress)
+        _daedalus_wheel(source, wheels, progress)
         debs = download_debs(out / DEBS, target, progress) if with_bwrap else []
         if with_temporal:
-            shutil.copyfile(compressed_temporal(temporal_source_binary(), progress), out / TEMPORAL_XZ)
+            xz = compressed_temporal(temporal_source_binary(), cache or source / ".cache", progress)
+            shutil.copyfile(xz, out / TEMPORAL_XZ)
         script = out / INSTALL_SCRIPT
         script.write_text(INSTALL_SH.format(python=target.python))
         script.chmod(0o755)
@@ -431,7 +451,7 @@ def build_bundle(
             "skipped_present_on_target": plan.skipped,
             "shipped_over_image": plan.shipped_over_image,
             "images": list(skipping.images),
-            "source": source_commit(),
+            "source": source_commit(source),
             "debs": debs,
             "temporal": with_temporal,
             "total_bytes": total,
@@ -455,10 +475,10 @@ def build_bundle(
         raise
 
 
-def source_commit() -> dict[str, object]:
+def source_commit(source: Path) -> dict[str, object]:
     """The commit Daedalus's wheel is built from, and whether the checkout had changes (a figure made with the
     bundle names it)."""
-    git = ["git", "-C", str(REPO_ROOT)]
+    git = ["git", "-C", str(source)]
     head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
     status = subprocess.run([*git, "status", "--porcelain", "--", "src", "pyproject.toml"], capture_output=True, text=True,
                             check=False)  # fmt: skip
@@ -467,13 +487,13 @@ def source_commit() -> dict[str, object]:
     return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
 
 
-def _daedalus_wheel(wheels: Path, progress: Progress | None) -> None:
+def _daedalus_wheel(source: Path, wheels: Path, progress: Progress | None) -> None:
     """Daedalus is pure Python: one py3-none-any wheel serves every target. setuptools leaves build/ in the
     checkout; it is removed again unless it was there before."""
-    scratch = REPO_ROOT / "build"
+    scratch = source / "build"
     existed = scratch.exists()
     try:
-        _pip(["wheel", "--no-deps", "--quiet", "--wheel-dir", str(wheels), str(REPO_ROOT)], progress)
+        _pip(["wheel", "--no-deps", "--quiet", "--wheel-dir", str(wheels), str(source)], progress)
     finally:
         if not existed:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -484,13 +504,17 @@ def _file_entries(out: Path) -> list[dict[str, object]]:
     return [{"path": str(p.relative_to(out)), "bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files]
 
 
-def refresh_daedalus(bundle: Path, progress: Progress | None = None) -> dict[str, object]:
-    """Rebuild only Daedalus's own wheel in an existing bundle (the code changed, its dependencies did not)."""
+def refresh_daedalus(
+    bundle: Path, progress: Progress | None = None, source: Path | None = None
+) -> dict[str, object]:
+    """Rebuild only Daedalus's own wheel in an existing bundle (the code changed, its dependencies did not), from
+    `source` (default: `source_checkout()`)."""
+    source = source or source_checkout()
     bundle = bundle.resolve()
     manifest = read_manifest(bundle)
     for old in (bundle / WHEELS).glob("daedalus-*.whl"):
         old.unlink()
-    _daedalus_wheel(bundle / WHEELS, progress)
+    _daedalus_wheel(source, bundle / WHEELS, progress)
     entries = _file_entries(bundle)
     manifest["files"] = entries
     manifest["total_bytes"] = sum(int(e["bytes"]) for e in entries)  # type: ignore[call-overload]
