@@ -1,6 +1,7 @@
 """Run a gate's measuring command on the ticket's host, confined (activities/confined.py), and decide its verdict
 (MEASUREMENT.md). The command's output is read by the worker outside the sandbox; the verdict is the worker's."""
 
+import asyncio
 import json
 import os
 import time
@@ -13,6 +14,7 @@ from daedalus.activities.confined import ConfinedSteps, limits_note, startup_clo
 from daedalus.activities.refs import RUN_GATE
 from daedalus.engines.startup_clock import startup_seconds
 from daedalus.errors import GitError, maps_errors
+from daedalus.gates.contention import SEEN_KEY, OtherProcesses
 from daedalus.gates.verdicts import decide
 from daedalus.hosts.mirrors import EngineRepoUnavailable
 from daedalus.paths import UnsafePathError, contained
@@ -49,6 +51,8 @@ class GateActivities:
                 return self._invalid(request, f"cannot check out what to measure: {error}", {})
         scratch = artifacts / f"{stem}-scratch"
         began = time.monotonic()
+        # Who else used the host meanwhile: the command's sandbox cannot see other processes, the worker can.
+        others = await asyncio.to_thread(OtherProcesses)
         finished = await self.steps.run(
             gate.command,
             ticket_id=request.ticket_id,
@@ -63,6 +67,8 @@ class GateActivities:
             startup_budget_s=request.startup_s,
         )
         evidence = {"stdout": str(stdout_path), "log": str(log_path)}
+        if busiest := await asyncio.to_thread(others.busiest):
+            evidence[SEEN_KEY] = ", ".join(busiest)
         if request.startup_s:
             starting = startup_seconds(startup_clock_path(scratch), since=began, now=time.monotonic(),
                                        budget_s=request.startup_s)  # fmt: skip

@@ -248,6 +248,12 @@ def print_state(
                 )
                 cells.append(shown(f"{result.verdict.value}{median}{interval}"))
             table.add_row(shown(f"gate {gate}: {rule}"), *cells)
+            loads = [
+                next((r.host_load for r in a.gate_results if r.gate == gate), None) for a in state.attempts
+            ]
+            if any(loads):
+                # The host's load while the rounds ran: a speed measured on a busy host says so.
+                table.add_row("  host load", *(shown(line or "-") for line in loads))
         table.add_row("detail", *(shown(a.detail[:120]) for a in state.attempts))
         console.print(table)
     if state.pending_decision:

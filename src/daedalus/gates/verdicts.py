@@ -10,8 +10,14 @@ Where each interval comes from:
 * one estimate with its own error (llama-perplexity's +/-, a fit slope): the normal or t interval of that error;
 * pass/miss trials (needle, temp-0 identity): Clopper-Pearson;
 * exact metrics (engine-reported counts, counted events): as observed, and the verdict says which it is.
+
+Contention (gates/contention.py): a measurement carries the host's load during each measured round. An absolute
+speed gate that would FAIL, or stay INCONCLUSIVE on its interval, while other work took the host is INVALID
+with that reason; a PASS despite it stands; A/B gates keep their paired verdict. The load is in the result
+either way (`host_load`, and each round in the evidence).
 """
 
+from daedalus.gates import contention
 from daedalus.gates.statistics import (
     Summary,
     clopper_pearson,
@@ -60,6 +66,7 @@ def decide(gate: GateSpec, measurement: GateMeasurement, *, host: str = "", comm
         provenance = provenance.model_copy(
             update={"host": host or provenance.host, "commit": commit or provenance.commit}
         )
+    loads = contention.summary(measurement.host_load)
     common = dict(
         gate_spec=gate,
         measurement=measurement.model_copy(update={"evidence": {}, "provenance": provenance}),
@@ -75,7 +82,9 @@ def decide(gate: GateSpec, measurement: GateMeasurement, *, host: str = "", comm
         unit=measurement.unit,
         host=host,
         commit=commit,
-        evidence=measurement.evidence,
+        # The load's summary is evidence too: the store and the report keep evidence, not every field.
+        evidence={**measurement.evidence, **({"host_load": loads} if loads else {})},
+        host_load=loads,
     )
     problems = invalid_reasons(gate, measurement)
     if problems:
@@ -111,6 +120,9 @@ def decide(gate: GateSpec, measurement: GateMeasurement, *, host: str = "", comm
             **common,
         )
     verdict = _judge(gate.comparator, gate.threshold, summary.ci_low, summary.ci_high)
+    loaded = contention.judged_under_contention(
+        gate, verdict, measurement.host_load, seen=measurement.evidence.get(contention.SEEN_KEY)
+    )
     if gate.metric in EXACT_METRICS and gate.kind is GateKind.ABSOLUTE:
         stated = f"value {summary.median:.6g} ({EXACT_METRICS[gate.metric]}; no sampling interval)"
     else:
@@ -118,6 +130,29 @@ def decide(gate: GateSpec, measurement: GateMeasurement, *, host: str = "", comm
         stated = f"median {summary.median:.4g}, {gate.confidence:.0%} CI {interval} over n={summary.n}"
         if summary.n > 1:
             stated += f", CV {summary.cv:.1%}"
+    if loaded is not None:
+        return GateResult(
+            verdict=Verdict.INVALID,
+            reason=f"measurement invalid: {loaded} ({stated})",
+            method=f"{measurement.method}; {summary.method}",
+            median=summary.median,
+            ci_low=summary.ci_low,
+            ci_high=summary.ci_high,
+            cv=summary.cv,
+            **common,
+        )
+    busy = contention.contended(measurement.host_load)
+    if busy:
+        stated += (
+            f"; {len(busy)} of {len(measurement.host_load)} rounds ran while other work took the host "
+            + (
+                "(paired rounds share it)"
+                if gate.kind is GateKind.AB
+                else "(a speed it could only have slowed: the verdict stands)"
+                if gate.metric in contention.SPEED_METRICS
+                else "(not a speed: judged as measured)"
+            )
+        )
     return GateResult(
         verdict=verdict,
         reason=f"{stated}; rule {gate.describe()} -> {verdict.value}",

@@ -141,6 +141,34 @@ class Provenance(Model):
     )
 
 
+class RoundLoad(Model):
+    """The host's load while one measured round ran (gates/contention.py takes it; MEASUREMENT.md "Contention").
+
+    CPU seconds over the round's wall time, on the CPUs the measurement may run on: what the measurement itself
+    used (the harness and the engine servers it started), what every other process on the host used (the host's
+    busy time in /proc/stat minus the measurement's own), and what the hypervisor gave other guests (steal)."""
+
+    side: str = Field(default="candidate", description="candidate, or baseline in an A/B")
+    round: int = Field(ge=0)
+    wall_s: float = Field(ge=0)
+    cpus: int = Field(ge=1, description="the CPUs the measurement could run on (its affinity)")
+    own_cpu_s: float = Field(ge=0, description="the harness and the engine servers it started")
+    other_cpu_s: float = Field(ge=0, description="every other process on those CPUs")
+    steal_s: float = Field(default=0.0, ge=0, description="time the hypervisor gave other guests")
+    load_avg_1m: float | None = Field(default=None, description="at the round's end; recorded, not judged")
+    others: list[str] = Field(
+        default_factory=list,
+        description="the busiest other processes seen from the measurement ('name (pid) CPU-s'); empty where "
+        "they are not visible (a gate's sandbox has a pid namespace of its own)",
+    )
+
+    @property
+    def share(self) -> float:
+        """Of the CPUs' capacity over the round, the part that other work took (other processes and steal)."""
+        capacity = self.wall_s * self.cpus
+        return (self.other_cpu_s + self.steal_s) / capacity if capacity > 0 else 0.0
+
+
 class GateMeasurement(SpecModel):
     """What a gate command prints on stdout, as one JSON object.
 
@@ -167,6 +195,11 @@ class GateMeasurement(SpecModel):
     )
     evidence: dict[str, str] = Field(default_factory=dict)
     provenance: Provenance | None = None
+    host_load: list[RoundLoad] = Field(
+        default_factory=list,
+        description="the host's load during each measured round (candidate, and baseline in an A/B); a speed "
+        "metric measured while other work took the host is INVALID unless it passed despite it",
+    )
 
     @model_validator(mode="after")
     def _paired(self) -> "GateMeasurement":
@@ -240,3 +273,8 @@ class GateResult(Model):
         description="the measurement as judged (without evidence paths): re-deriving needs it whole",
     )
     lease: LeaseRecord | None = Field(default=None, description="the GPU lease it ran under; None: no GPUs")
+    host_load: str | None = Field(
+        default=None,
+        description="the host's load while the measured rounds ran, in one line (each round's figures are in "
+        "measurement.host_load); None where the measurement recorded none",
+    )
