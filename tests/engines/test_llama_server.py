@@ -94,7 +94,13 @@ async def test_bad_inputs_leave_no_process(llama_build: LlamaBuild, tiny_model: 
             async with launched(_preset("local-f16"), tiny_model, tmp_path, build=llama_build, port=port):
                 pass
     turbo = parse_preset(
-        {"engine": "llama.cpp", "name": "turbo", "cache_type_k": "turbo3", "cache_type_v": "turbo3"}
+        {
+            "engine": "llama.cpp",
+            "name": "turbo",
+            "cache_type_k": "turbo3",
+            "cache_type_v": "turbo3",
+            "env": {"TURBO_AUTO_ASYMMETRIC": "0"},
+        }
     )
     assert isinstance(turbo, LlamaCppPreset)
     with pytest.raises(EngineError, match=r"cache_type_k 'turbo3'.*does not know; known: .*q8_0"):

@@ -8,18 +8,20 @@ that will not start or dies is the cell's finding (CRASHED, with the log), not a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import statistics
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
 from daedalus.engines.bench import Side, benchmark
 from daedalus.engines.hf_tiny_model import HF_MODELS, ensure_hf_model
 from daedalus.engines.llama_build import LlamaBuild
+from daedalus.engines.llama_cpp import supported_cache_types
 from daedalus.engines.measure import _from_bench, build_config_for, ensure_build, measure
 from daedalus.engines.presets import load_preset
 from daedalus.engines.quality import (
@@ -36,7 +38,7 @@ from daedalus.engines.vllm import prefix_caching_problem
 from daedalus.errors import BuildError, EngineError, EngineSetupError
 from daedalus.gates.statistics import clopper_pearson
 from daedalus.gates.verdicts import decide
-from daedalus.schemas.campaigns import CampaignCell, CampaignSpec, CellOutcome, CellResult
+from daedalus.schemas.campaigns import BASE_KV, CampaignCell, CampaignSpec, CellOutcome, CellResult
 from daedalus.schemas.engines import (
     DraftSpec,
     GreedyStream,
@@ -61,12 +63,20 @@ def cell_preset(
 ) -> LlamaCppPreset | VllmPreset:
     """The base preset with the cell's axes applied (and the leased `gpus`, when any, as the engine's
     CUDA_VISIBLE_DEVICES); a bad combination raises with the field named."""
-    base = load_preset(spec.base_preset)
+    base = load_preset(cell.base or spec.base_preset)
+    env = {**base.env, **spec.env}
     if gpus is not None:
-        base = base.model_copy(update={"env": {**base.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}})
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+    base = base.model_copy(update={"env": env})
     name = cell.preset_name
     if isinstance(base, LlamaCppPreset):
-        quantized_v = cell.kv not in QUANTIZED_V_NEEDS_FLASH_ATTN
+        if cell.tensor_parallel not in (None, 1):
+            raise ValueError(
+                f"tensor_parallel {cell.tensor_parallel} is a vLLM setting; {base.name} is a llama.cpp preset, "
+                "which runs one process on its device here"
+            )
+        k_type, v_type = (base.cache_type_k, base.cache_type_v) if cell.kv == BASE_KV else (cell.kv, cell.kv)
+        quantized_v = v_type not in QUANTIZED_V_NEEDS_FLASH_ATTN
         engine: dict[str, object] = {
             "flash_attn": cell.flash_attn or ("on" if quantized_v else base.flash_attn)
         }
@@ -78,12 +88,12 @@ def cell_preset(
             {
                 **base.model_dump(),
                 "name": name,
-                "cache_type_k": cell.kv,
-                "cache_type_v": cell.kv,
+                "cache_type_k": k_type,
+                "cache_type_v": v_type,
                 # llama-server's -c is shared by its slots: each user gets the cell's context
                 "context": cell.context * cell.users,
                 "parallel": cell.users,
-                "draft": DraftSpec(draft_max=cell.speculative_k) if cell.speculative_k else None,
+                "draft": _draft(spec, cell, base.draft),
                 **engine,
             }
         )
@@ -94,12 +104,54 @@ def cell_preset(
         {
             **base.model_dump(),
             "name": name,
-            "kv_cache_dtype": cell.kv,
+            "kv_cache_dtype": base.kv_cache_dtype if cell.kv == BASE_KV else cell.kv,
             "max_model_len": cell.context,
             "max_num_seqs": max(cell.users, base.max_num_seqs or 1),
             "speculative": _speculative(spec, cell, base.speculative),
+            **_ranks(cell, base),
         }
     )
+
+
+def _ranks(cell: CampaignCell, base: VllmPreset) -> dict[str, object]:
+    """A cell's tensor-parallel ranks; on vLLM's CPU build each rank is bound to its own core ("0|1"), as the demo
+    repo's pool-tp2 preset, unless the base preset binds them itself."""
+    if cell.tensor_parallel is None:
+        return {}
+    out: dict[str, object] = {"tensor_parallel_size": cell.tensor_parallel}
+    if (
+        cell.tensor_parallel > 1
+        and base.environment is not None
+        and "VLLM_CPU_OMP_THREADS_BIND" not in base.env
+    ):
+        bind = "|".join(str(rank) for rank in range(cell.tensor_parallel))
+        # one process a rank: the uni executor and in-process engine of a one-rank preset cannot hold two
+        extra = [a for a in base.extra_args if a not in ("--distributed-executor-backend", "uni")]
+        env = {
+            k: v
+            for k, v in base.env.items()
+            if k not in ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS")
+        }
+        out |= {"env": {**env, "VLLM_CPU_OMP_THREADS_BIND": bind}, "extra_args": extra}
+    return out
+
+
+def _draft(spec: CampaignSpec, cell: CampaignCell, base: DraftSpec | None) -> DraftSpec | None:
+    """A llama.cpp cell's drafting: n-gram lookup when the campaign (or the base preset) drafts by n-grams, with the
+    cell's lookup window's shortest n-gram (else the base's, else 2); else the target drafting for itself."""
+    if not cell.speculative_k:
+        return None
+    ngram = spec.speculative_method == "ngram" or (
+        spec.speculative_method is None and base is not None and base.method == "ngram-simple"
+    )
+    if not ngram:
+        return DraftSpec(draft_max=cell.speculative_k)
+    size = (
+        cell.lookup[0]
+        if cell.lookup
+        else (base.ngram_size if base is not None and base.method == "ngram-simple" else 2)
+    )
+    return DraftSpec(method="ngram-simple", ngram_size=size, draft_max=cell.speculative_k)
 
 
 def _speculative(
@@ -148,13 +200,15 @@ def needle_lengths(context: int) -> tuple[int, int]:
     return max(16, context // 12), max(32, context // 6)
 
 
-def model_path(spec: CampaignSpec) -> Path:
-    """The campaign's model: a tiny GGUF model or the tiny Hugging Face one by name (written once), or a path."""
-    if spec.model in MODELS:
-        return ensure_model(spec.model)
-    if spec.model in HF_MODELS:
-        return ensure_hf_model(spec.model)
-    return Path(spec.model).expanduser()
+def model_path(spec: CampaignSpec, engine: Literal["llama.cpp", "vllm"] = "llama.cpp") -> Path:
+    """The model an engine's cells serve: a tiny GGUF model or the tiny Hugging Face one by name (written once), or
+    a path."""
+    model = spec.model_for(engine)
+    if model in MODELS:
+        return ensure_model(model)
+    if model in HF_MODELS:
+        return ensure_hf_model(model)
+    return Path(model).expanduser()
 
 
 async def server_build(preset: LlamaCppPreset | VllmPreset) -> LlamaBuild | None:
@@ -195,7 +249,7 @@ async def measure_cell(
             measured_at=datetime.now(UTC),
         )
     preset_path = _write_preset(preset, workdir)
-    model = model_path(spec)
+    model = model_path(spec, "vllm" if isinstance(preset, VllmPreset) else "llama.cpp")
     workload = Workload(
         users=[cell.users], rounds=spec.rounds, max_tokens=spec.max_tokens, prompt_words=spec.prompt_words
     )
@@ -212,6 +266,15 @@ async def measure_cell(
         )
     floor: float | None = None
     try:
+        unknown = await unknown_cache_types(preset)
+        if unknown:
+            return CellResult(
+                **base,
+                outcome=CellOutcome.INVALID,
+                detail=unknown,
+                evidence=evidence | {"not_runnable": "this build"},
+                measured_at=datetime.now(UTC),
+            )
         if spec.probe_floor:
             # The floor's measurement is the decode rounds with the copy bandwidth measured before them.
             measured = await measure(
@@ -301,6 +364,25 @@ async def measure_cell(
     return CellResult(
         **base, outcome=CellOutcome.MEASURED, evidence=evidence, measured_at=datetime.now(UTC), **result
     )  # type: ignore[arg-type]
+
+
+async def unknown_cache_types(preset: LlamaCppPreset) -> str:
+    """Why this host's llama.cpp build cannot run the preset's KV types ('' when it can): the turbo fork's types on
+    a stock build are not a crash of the preset (its wall) but a cell this build cannot measure."""
+    build = await ensure_build(config=build_config_for(preset))
+    known = await asyncio.to_thread(supported_cache_types, build.binary("llama-server"))
+    missing = sorted({preset.cache_type_k, preset.cache_type_v} - set(known)) if known else []
+    if not missing:
+        return ""
+    fork = (
+        " (the turbo fork's types: run it on a host with the fork's build)"
+        if any(m.startswith("turbo") for m in missing)
+        else ""
+    )
+    return (
+        f"not runnable on this build: llama.cpp {build.source_hash} does not know KV type {', '.join(missing)}"
+        f"{fork}; it knows {', '.join(known)}"
+    )
 
 
 def _not_runnable_here(base: dict[str, Any], error: EngineError) -> CellResult:

@@ -18,13 +18,15 @@ from pydantic import Field, field_validator, model_validator
 from daedalus.ids import CAMPAIGN_PREFIX as CAMPAIGN_PREFIX
 from daedalus.ids import campaign_workflow_id as campaign_workflow_id
 from daedalus.schemas._base import Model
-from daedalus.schemas.engines import LLAMA_CACHE_TYPES, VLLM_KV_DTYPES
+from daedalus.schemas.engines import LLAMA_CACHE_TYPES, TURBO_AUTO_ASYMMETRIC, VLLM_KV_DTYPES
 from daedalus.schemas.limits import LIST_ITEMS, DurationS, Line, Title
 from daedalus.schemas.ticket import PERSON_PATTERN, TICKET_ID_PATTERN
 
 MAX_CELLS = 512
 """A campaign's matrix: each cell starts an engine and measures it; more is a typo or several campaigns."""
 MAX_CONTEXT = 4 * 1024 * 1024
+BASE_KV = "base"
+"""A kv axis value: each base preset's own KV type (a campaign across engines, whose KV types differ)."""
 MAX_USERS = 4096
 
 
@@ -50,6 +52,19 @@ class CampaignAxes(Model):
         max_length=LIST_ITEMS,
         description="n-gram lookup windows (prompt_lookup_min, prompt_lookup_max) each speculative cell is measured "
         "with (the seed's speculative-length search: k x window); None: the base preset's window",
+    )
+
+    preset: list[Line] | None = Field(
+        default=None,
+        max_length=8,
+        description="base presets to sweep, e.g. one per engine (the calibration table: llama.cpp and vLLM on the "
+        "same workload); None: base_preset alone",
+    )
+    tensor_parallel: list[int] | None = Field(
+        default=None,
+        max_length=4,
+        description="vLLM: tensor-parallel ranks (None: the base preset's); a llama.cpp cell asking for more than "
+        "one is invalid, with the reason",
     )
 
     flash_attn: list[Literal["on", "off"]] | None = Field(
@@ -79,6 +94,13 @@ class CampaignAxes(Model):
             )
         return values
 
+    @field_validator("tensor_parallel")
+    @classmethod
+    def _ranks(cls, values: list[int] | None) -> list[int] | None:
+        if any(not 1 <= v <= 64 for v in values or []):
+            raise ValueError(f"tensor_parallel ranks must be 1..64; got {values}")
+        return values
+
     @field_validator("threads")
     @classmethod
     def _threads(cls, values: list[int] | None) -> list[int] | None:
@@ -104,7 +126,7 @@ class CampaignAxes(Model):
     @field_validator("kv")
     @classmethod
     def _known_kv(cls, values: list[str]) -> list[str]:
-        known = set(LLAMA_CACHE_TYPES) | set(VLLM_KV_DTYPES)
+        known = set(LLAMA_CACHE_TYPES) | set(VLLM_KV_DTYPES) | {BASE_KV}
         unknown = [v for v in values if v not in known]
         if unknown:
             raise ValueError(f"unknown KV types {unknown}; known: {', '.join(sorted(known))}")
@@ -145,6 +167,17 @@ class CampaignSpec(Model):
     host: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
     base_preset: Line = Field(min_length=1, description="preset name (examples/presets) or YAML path")
     model: Line = Field(min_length=1, description="tiny model name (tiny, small, medium) or a model path")
+    models: dict[Literal["llama.cpp", "vllm"], Line] = Field(
+        default_factory=dict,
+        description="per engine, the model its cells serve (a GGUF for llama.cpp, a Hugging Face directory for "
+        "vLLM, e.g. the tiny models of one size: small and tiny-llama); an engine not named serves `model`",
+    )
+    env: dict[Line, Line] = Field(
+        default_factory=dict,
+        max_length=LIST_ITEMS,
+        description="environment set on every cell's preset, over the base preset's (e.g. the turbo fork's "
+        "TURBO_AUTO_ASYMMETRIC=0 for turbo KV cells)",
+    )
     axes: CampaignAxes
     baseline_kv: str = Field(default="f16", description="the KV type quality is compared against")
     labels: dict[Line, Title] = Field(
@@ -211,6 +244,19 @@ class CampaignSpec(Model):
             raise ValueError(
                 "probe_identity compares each speculative cell with plain decoding: add 0 to axes.speculative_k"
             )
+        turbo = [kv for kv in self.axes.kv if kv.startswith("turbo")]
+        said = self.env.get(TURBO_AUTO_ASYMMETRIC)
+        if turbo and said is not None and said != "0":
+            raise ValueError(
+                f"axes.kv {turbo} with env {TURBO_AUTO_ASYMMETRIC}={said!r}: the auto-asymmetric trap (the turbo "
+                f"fork silently promotes K to q8_0); set env {TURBO_AUTO_ASYMMETRIC}: '0', and measure K at q8_0 "
+                "as a preset that says so"
+            )
+        if self.axes.preset is not None and self.base_preset not in self.axes.preset:
+            raise ValueError(
+                f"base_preset {self.base_preset!r} is not among axes.preset {self.axes.preset}; name it there "
+                "too (it is the campaign's first engine)"
+            )
         if self.axes.lookup is not None and self.speculative_method not in (None, "ngram"):
             raise ValueError(
                 f"axes.lookup windows are n-gram settings; speculative_method is {self.speculative_method!r}"
@@ -221,19 +267,25 @@ class CampaignSpec(Model):
         """Every combination of the axes, in a stable order (KV outermost, as the seed's tables read)."""
         a = self.axes
         windows: list[tuple[int, int] | None] = [*a.lookup] if a.lookup else [None]
+        bases: list[str | None] = [*a.preset] if a.preset else [None]
+        ranks: list[int | None] = [*a.tensor_parallel] if a.tensor_parallel else [None]
         return [
             CampaignCell(
                 kv=kv, context=ctx, users=users, speculative_k=k, lookup=window, flash_attn=fa, batch=batch,
-                threads=threads,
+                threads=threads, base=base, tensor_parallel=tp,
             )
-            for kv, (fa, batch, threads), ctx, users, k in product(
-                a.kv, a.engine_settings(), a.context, a.users, a.speculative_k
+            for base, kv, (fa, batch, threads), tp, ctx, users, k in product(
+                bases, a.kv, a.engine_settings(), ranks, a.context, a.users, a.speculative_k
             )
             for window in (windows if k else [None])
         ]  # fmt: skip
 
     def label(self, kv: str) -> str:
         return self.labels.get(kv, kv)
+
+    def model_for(self, engine: Literal["llama.cpp", "vllm"]) -> str:
+        """The model an engine's cells serve."""
+        return self.models.get(engine, self.model)
 
 
 class CampaignCell(Model):
@@ -245,6 +297,8 @@ class CampaignCell(Model):
     flash_attn: Literal["on", "off"] | None = None
     batch: tuple[int, int] | None = Field(default=None, description="(batch, micro-batch)")
     threads: int | None = None
+    base: str | None = Field(default=None, description="the base preset, when the campaign sweeps several")
+    tensor_parallel: int | None = Field(default=None, description="vLLM tensor-parallel ranks")
 
     def engine_parts(self) -> list[tuple[str, str, str, str]]:
         """(axis, label, key value, preset-name part) of each engine setting this cell sets."""
@@ -263,14 +317,18 @@ class CampaignCell(Model):
         spec = f"/k={self.speculative_k}" if self.speculative_k else ""
         window = f"/lookup={self.lookup[0]}-{self.lookup[1]}" if self.lookup else ""
         engine = "".join(f"/{axis}={value}" for axis, _, value, _ in self.engine_parts())
-        return f"kv={self.kv}/context={self.context}/users={self.users}{spec}{window}{engine}"
+        base = f"preset={self.base}/" if self.base else ""
+        tp = f"/tp={self.tensor_parallel}" if self.tensor_parallel else ""
+        return f"{base}kv={self.kv}/context={self.context}/users={self.users}{spec}{window}{engine}{tp}"
 
     @property
     def preset_name(self) -> str:
         spec = f"-k{self.speculative_k}" if self.speculative_k else ""
         window = f"-w{self.lookup[0]}-{self.lookup[1]}" if self.lookup else ""
         engine = "".join(f"-{part}" for _, _, _, part in self.engine_parts())
-        return f"{self.kv}-c{self.context}{spec}{window}{engine}"
+        base = f"{self.base}-" if self.base else ""
+        tp = f"-tp{self.tensor_parallel}" if self.tensor_parallel else ""
+        return f"{base}{self.kv}-c{self.context}{spec}{window}{engine}{tp}"
 
     def axes(self) -> dict[str, str]:
         out = {"kv": self.kv, "context": str(self.context), "users": str(self.users)}
@@ -279,6 +337,10 @@ class CampaignCell(Model):
         if self.lookup:
             out["lookup"] = f"{self.lookup[0]}-{self.lookup[1]}"
         out.update({axis: label for axis, label, _, _ in self.engine_parts()})
+        if self.base:
+            out = {"preset": self.base, **out}
+        if self.tensor_parallel:
+            out["tensor_parallel"] = str(self.tensor_parallel)
         return out
 
     def plain(self) -> CampaignCell:

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from daedalus.schemas._base import Model
+from daedalus.schemas.gates import RoundLoad
 
 # Stock llama.cpp cache types, plus the turbo fork's (a stock build rejects those at launch with a clear error).
 LLAMA_CACHE_TYPES = (
@@ -30,6 +31,26 @@ VLLM_KV_DTYPES = (
     "auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2",
     "tq_4bit_nc", "tq_3bit_nc", "tq_k3v4_nc", "tq_k8v4",
 )  # fmt: skip
+
+
+TURBO_AUTO_ASYMMETRIC = "TURBO_AUTO_ASYMMETRIC"
+"""The turbo fork's switch: unless it is "0", the fork silently promotes K to q8_0 (GQA models), so a turbo preset
+would measure another KV than it names (the seed's 2b: 2.5-2.7x instead of 5.43x for full 2-bit)."""
+
+
+def turbo_trap(cache_type_k: str, cache_type_v: str, env: dict[str, str]) -> str | None:
+    """Why a llama.cpp launch with these cache types and this env falls into the auto-asymmetric trap, or None."""
+    turbo = [f"{name} {value!r}" for name, value in (("cache_type_k", cache_type_k), ("cache_type_v", cache_type_v))
+             if value.startswith("turbo")]  # fmt: skip
+    if not turbo or env.get(TURBO_AUTO_ASYMMETRIC) == "0":
+        return None
+    said = env.get(TURBO_AUTO_ASYMMETRIC)
+    found = f"no {TURBO_AUTO_ASYMMETRIC}" if said is None else f"{TURBO_AUTO_ASYMMETRIC}={said!r}"
+    return (
+        f"{' and '.join(turbo)} with {found} in env: the auto-asymmetric trap (the turbo fork silently promotes K "
+        f"to q8_0, so the KV measured is not the one named; the seed's full 2-bit read 2.5-2.7x instead of 5.43x). "
+        f'Fix: set env {{{TURBO_AUTO_ASYMMETRIC}: "0"}}; to measure K at q8_0, say so with cache_type_k: q8_0'
+    )
 
 
 class EngineKind(StrEnum):
@@ -107,6 +128,9 @@ class LlamaCppPreset(Model):
         # llama.cpp refuses a quantized V cache without flash attention; say so before launching anything.
         if self.cache_type_v not in ("f16", "f32", "bf16") and self.flash_attn == "off":
             raise ValueError(f"cache_type_v {self.cache_type_v!r} needs flash_attn 'on' or 'auto', not 'off'")
+        trap = turbo_trap(self.cache_type_k, self.cache_type_v, self.env)
+        if trap is not None:
+            raise ValueError(trap)
         if self.backend == "cpu" and self.cuda_architectures:
             raise ValueError("cuda_architectures is set but backend is 'cpu'; set backend: cuda or drop it")
         if self.backend == "cuda" and self.n_gpu_layers == 0:
@@ -296,6 +320,9 @@ class RoundResult(Model):
         default_factory=dict,
         description="vLLM: mean ms per request in each segment (queue, prefill, decode, inference, e2e) over this "
         "round, from the server's request histograms (/metrics deltas)",
+    )
+    host_load: RoundLoad | None = Field(
+        default=None, description="the host's load while this measured round ran (gates/contention.py)"
     )
 
     @property
