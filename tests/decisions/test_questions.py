@@ -23,6 +23,7 @@ from daedalus.decisions.schemas import Decision
 from daedalus.engines.presets import load_preset
 from daedalus.errors import TicketError
 from daedalus.ids import question_subject_key, question_workflow_id
+from daedalus.report import build_report, render_markdown
 from daedalus.services import questions
 from daedalus.store.database import session_scope
 from daedalus.store.tables import DecisionRow
@@ -215,6 +216,19 @@ async def test_a_question_answered_makes_a_ruling_that_refuses_a_later_ticket(
     obeys = services.parse_spec(ticket("ok", "vllm-pool-tbq4nc", baseline="vllm-fp16-baseline"))
     assert questions.ticket_breaks(obeys, [ruling]) == []
 
+    # the report: the question done as ruled, and the ruling with who ruled and when
+    with session_scope(store_engine) as session:
+        report = build_report(session=session, since=datetime.now(UTC) - timedelta(hours=1))
+    text = render_markdown(report)
+    assert "## Questions for" in text and "## Standing rulings" in text
+    assert f"{spec.question} — done: ruled **rule** by wayne on " in text
+    assert (
+        f"| {spec.statement} | a vllm preset's kv_cache_dtype must be one of [tq_4bit_nc, tq_3bit_nc, "
+        in text
+    )
+    assert f"| wayne | {ruling.ruled_at:%Y-%m-%d %H:%M} |" in text
+    assert request.id not in text.split("## Decisions")[1].split("## Questions")[0]  # not twice
+
 
 async def test_a_question_past_its_deadline_closes_with_its_recorded_outcome(
     temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
@@ -248,6 +262,10 @@ async def test_a_question_past_its_deadline_closes_with_its_recorded_outcome(
         assert [r.request_id for r in rows] == [f"{spec.id}-question-1"]
         assert rows[0].decided_at is not None and rows[0].option is None  # withdrawn, not answered
         assert questions.question_rows(session, pending=True) == []
+        text = render_markdown(build_report(session=session, since=datetime.now(UTC) - timedelta(hours=1)))
+    assert "## Questions for the deciders" in text and "- nothing waits" in text
+    assert f"- {spec.question} — done: expired at the deadline, recorded **screen-first** on " in text
+    assert "## Standing rulings" not in text  # this store holds none
 
 
 async def test_a_question_is_withdrawn_by_its_asker_and_refused_to_others(
@@ -274,6 +292,9 @@ async def test_a_question_is_withdrawn_by_its_asker_and_refused_to_others(
     assert events(sqlite_engine, question_subject_key(spec.id))[-1].summary == (
         "withdrawn by lead: asked in the wrong place"
     )
+    with session_scope(sqlite_engine) as session:
+        text = render_markdown(build_report(session=session, since=datetime.now(UTC) - timedelta(hours=1)))
+    assert f"- {spec.question} — done: withdrawn by lead: asked in the wrong place" in text
 
 
 async def test_bad_asks_start_nothing(

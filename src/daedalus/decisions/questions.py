@@ -26,6 +26,8 @@ OPTION_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
 QUESTION_DEADLINE_MAX = timedelta(days=90)
 """A question nobody may answer for a quarter is a typo, or no question."""
 QUESTION_DEADLINE_MIN = timedelta(seconds=5)
+RULING_DETAIL = "ruling"
+"""Detail key of a `ruled` audit event: the Ruling as JSON (daedalus.store.questions reads them back)."""
 
 
 class QuestionSpec(SpecModel):

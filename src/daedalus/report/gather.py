@@ -9,6 +9,7 @@ from pathlib import Path
 
 from sqlmodel import Session, col, select
 
+from daedalus.decisions.schemas import DecisionKind
 from daedalus.ids import TRAINING_PREFIX
 from daedalus.report.model import (
     CampaignView,
@@ -21,6 +22,7 @@ from daedalus.report.model import (
     TrainingView,
     fmt,
 )
+from daedalus.report.questions import gather_questions
 from daedalus.schemas.audit import AuditKind
 from daedalus.schemas.ticket import TicketStatus
 from daedalus.schemas.training import GIB
@@ -65,11 +67,13 @@ def build_report(
             select(CampaignRow).where(CampaignRow.updated_at >= since).order_by(col(CampaignRow.started_at))
         )
     ]
-    pending = list(queries.decisions(session=session, pending=True))
+    # questions that belong to no ticket have their own section (report/questions.py)
+    pending = [r for r in queries.decisions(session=session, pending=True) if r.kind != DecisionKind.QUESTION]
     decided = list(
         session.exec(
             select(DecisionRow)
             .where(col(DecisionRow.decided_at) >= since, col(DecisionRow.option).is_not(None))
+            .where(DecisionRow.kind != DecisionKind.QUESTION.value)
             .order_by(col(DecisionRow.decided_at))
         )
     )
@@ -85,6 +89,7 @@ def build_report(
         decided=decided,
         lessons=lessons,
         waiting_on_hosts=dict(waiting_on_hosts or {}),
+        questions=gather_questions(session, since),
     )
 
 

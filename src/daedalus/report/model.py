@@ -7,8 +7,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from statistics import median
+from typing import TYPE_CHECKING
 
 from daedalus.schemas.audit import AuditKind
+
+if TYPE_CHECKING:
+    from daedalus.report.questions import QuestionsView
 from daedalus.store.tables import (
     AuditEventRow,
     CampaignCellRow,
@@ -220,6 +224,8 @@ class Report:
     narrative_note: str = ""
     waiting_on_hosts: dict[str, str] = field(default_factory=dict)
     """Ticket id -> line, for every ticket stuck on a host no worker polls: also those unchanged in the window."""
+    questions: QuestionsView | None = None
+    """Questions that belong to no ticket and the standing rulings (report/questions.py)."""
 
     def all_tickets(self) -> list[TicketView]:
         out: list[TicketView] = []

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 from sqlalchemy import Engine
-from sqlmodel import Session, col, select
+from sqlmodel import select
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -30,13 +30,14 @@ from daedalus.decisions.rulings import Ruling, preset_breaks
 from daedalus.engines.gate_fit import parse_measure_command, preset_at_filing
 from daedalus.errors import EngineError, NotAllowed, TicketError
 from daedalus.ids import question_subject_key, question_workflow_id
-from daedalus.schemas.audit import AuditKind
 from daedalus.schemas.campaigns import CampaignSpec
 from daedalus.schemas.ticket import TicketSpec
 from daedalus.services._temporal import update
 from daedalus.store.database import session_scope
-from daedalus.store.tables import AuditEventRow, DecisionRow
-from daedalus.workflows.question import RULING_DETAIL, QuestionWorkflow
+from daedalus.store.questions import question_rows as question_rows
+from daedalus.store.questions import standing_rulings as standing_rulings
+from daedalus.store.tables import DecisionRow
+from daedalus.workflows.question import QuestionWorkflow
 
 QUESTION_FILE_BYTES = 64 * 1024
 
@@ -191,33 +192,9 @@ async def withdraw(client: Client, question_id: str, request: WithdrawQuestion) 
 # ---- reading the store -------------------------------------------------------------------------------------
 
 
-def standing_rulings(session: Session) -> list[Ruling]:
-    """Every ruling the store holds, oldest first (a ruling stands until a later question's answer replaces it
-    with another of the same id, which cannot happen: question ids are never asked twice)."""
-    query = (
-        select(AuditEventRow.detail)
-        .where(AuditEventRow.kind == AuditKind.RULED.value)
-        .order_by(col(AuditEventRow.at), col(AuditEventRow.id))
-    )
-    rulings = []
-    for detail in session.exec(query):
-        raw = detail.get(RULING_DETAIL)
-        if raw:
-            rulings.append(Ruling.model_validate_json(raw))
-    return rulings
-
-
 def read_rulings(store: Engine) -> list[Ruling]:
     with session_scope(store) as session:
         return standing_rulings(session)
-
-
-def question_rows(session: Session, *, pending: bool = False) -> list[DecisionRow]:
-    """The questions' decision requests, oldest first (open ones only with `pending`)."""
-    query = select(DecisionRow).where(DecisionRow.kind == "question").order_by(col(DecisionRow.requested_at))
-    if pending:
-        query = query.where(col(DecisionRow.decided_at).is_(None))
-    return list(session.exec(query))
 
 
 # ---- enforcing the rulings ---------------------------------------------------------------------------------

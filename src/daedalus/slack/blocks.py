@@ -16,7 +16,7 @@ from slack_sdk.models.blocks import (
 
 from daedalus.errors import BadButton
 from daedalus.escaping import for_slack, plain
-from daedalus.schemas.ticket import DecisionRequest
+from daedalus.schemas.ticket import DecisionKind, DecisionRequest
 from daedalus.slack.models import ButtonValue
 
 ACTION_PREFIX = "decide"
@@ -59,6 +59,8 @@ def decision_blocks(request: DecisionRequest) -> list[Block]:
     # or `<https://evil|https://good>` must reach Slack as those characters, not as a mention or a link.
     who = for_slack(", ".join(request.allowed))
     heading = f"*Reminder {request.reminders_sent}* — " if request.reminders_sent else ""
+    if request.kind is DecisionKind.QUESTION:  # a question that belongs to no ticket says so
+        heading += "*Question for the deciders* — "
     blocks: list[Block] = [
         SectionBlock(
             block_id=f"question:{request.id}",

@@ -18,6 +18,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from daedalus.decisions.desk import DecisionDesk, Waiting
     from daedalus.decisions.questions import (
+        RULING_DETAIL,
         QuestionInput,
         QuestionState,
         QuestionStatus,
@@ -33,9 +34,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from daedalus.schemas.audit import AuditKind
     from daedalus.workflows.trail import AuditTrail
-
-RULING_DETAIL = "ruling"
-"""Detail key of a `ruled` event: the Ruling as JSON (daedalus.services.questions reads them back)."""
 
 
 @workflow.defn
