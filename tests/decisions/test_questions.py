@@ -328,3 +328,54 @@ async def test_bad_asks_start_nothing(
         )
     with pytest.raises(RPCError):
         await temporal_client.get_workflow_handle(question_workflow_id(base["id"])).describe()
+
+
+# ---- a campaign never proposes what a ruling forbids --------------------------------------------------------
+
+
+def q8_0_ruling() -> Ruling:
+    rule = Rule.model_validate(
+        {"effect": "forbid", "engine": "llama.cpp", "field": "cache_type_k", "values": ["q8_0"]}
+    )
+    return Ruling(
+        id="no-q8", statement="no q8_0 K cache", rule=rule, ruled_by="wayne", ruled_at=datetime.now(UTC)
+    )
+
+
+async def test_a_campaign_measures_a_preset_a_ruling_forbids_and_never_proposes_it(
+    temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
+) -> None:
+    from temporalio.worker import Worker
+
+    from daedalus.campaigns.spec import load_campaign
+    from daedalus.ids import host_queue
+    from daedalus.schemas.campaigns import CampaignInput, campaign_workflow_id
+    from daedalus.workflows.campaign import CampaignWorkflow
+    from tests.campaigns.test_campaign_workflow import scripted_cell, wait_status
+
+    host = f"hq-{task_queue[-8:]}"
+    spec = load_campaign(
+        Path(__file__).resolve().parents[2] / "examples" / "campaigns" / "local-kv-matrix.yaml"
+    )
+    spec = spec.model_copy(update={"host": host, "id": f"cq-{task_queue[-8:]}"})
+    ruled_out = questions.ruled_out_presets(spec, [q8_0_ruling()])
+    assert ruled_out and all(name.startswith("q8_0-") for name in ruled_out)
+    assert all("ruling no-q8 ('no q8_0 K cache', wayne" in why for why in ruled_out.values())
+    assert questions.ruled_out_presets(spec, []) == {}
+    async with (
+        running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, "elsewhere"),
+        Worker(temporal_client, task_queue=host_queue(host), activities=[scripted_cell]),
+    ):
+        handle = await temporal_client.start_workflow(
+            CampaignWorkflow.run,
+            CampaignInput(spec=spec, control_queue=task_queue, filed_by="lead", ruled_out=ruled_out),
+            id=campaign_workflow_id(spec.id),
+            task_queue=task_queue,
+        )
+        status = await wait_status(handle, "awaiting_decision")
+        await handle.terminate("test done")
+    # without the ruling the smaller q8_0 KV wins (test_campaign_workflow); with it, f16 is proposed
+    assert status.proposal is not None and status.proposal.preset is not None
+    assert status.proposal.preset.startswith("f16-"), status.proposal.reason
+    assert "ruled out by standing rulings: q8_0-" in status.proposal.reason
+    assert status.cells_done == status.cells_total  # the forbidden presets were measured all the same

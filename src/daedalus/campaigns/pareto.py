@@ -11,6 +11,7 @@ the seed's "speed is neutral to KV dtype (earlier gaps were noise), so take the 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from daedalus.schemas.campaigns import CampaignSpec, CellOutcome, CellResult, Proposal
@@ -77,9 +78,13 @@ class PresetScore:
         return all(a >= b for a, b in zip(mine, theirs, strict=True)) and mine != theirs
 
 
-def propose(spec: CampaignSpec, results: list[CellResult]) -> tuple[Proposal, set[str]]:
-    """The proposal and the eligible cell keys."""
-    eligible = eligible_cells(spec, results)
+def propose(
+    spec: CampaignSpec, results: list[CellResult], ruled_out: Mapping[str, str] | None = None
+) -> tuple[Proposal, set[str]]:
+    """The proposal and the eligible cell keys. A preset in `ruled_out` (a standing ruling forbids it) is never
+    eligible, whatever it measured."""
+    ruled_out = ruled_out or {}
+    eligible = eligible_cells(spec, results) - {r.cell.key for r in results if r.preset in ruled_out}
     by_preset: dict[str, list[CellResult]] = defaultdict(list)
     for r in results:
         by_preset[r.preset].append(r)
@@ -101,10 +106,12 @@ def propose(spec: CampaignSpec, results: list[CellResult]) -> tuple[Proposal, se
             )
         )
     crashed = sum(r.outcome is CellOutcome.CRASHED for r in results)
+    ruled = sorted(p for p in by_preset if p in ruled_out)
     if not scores:
-        return Proposal(
-            reason=f"no preset met the quality constraints in every cell ({crashed} cells crashed)"
-        ), eligible
+        why = f"no preset met the quality constraints in every cell ({crashed} cells crashed)"
+        if ruled:
+            why += f"; ruled out by standing rulings: {'; '.join(ruled_out[p] for p in ruled)}"
+        return Proposal(reason=why), eligible
     front = [s for s in scores if not any(o.dominates(s) for o in scores)]
     fastest = max(s.worst_tps for s in front)
     near = [s for s in front if s.worst_high >= fastest * (1 - spec.speed_tolerance)]
@@ -115,6 +122,7 @@ def propose(spec: CampaignSpec, results: list[CellResult]) -> tuple[Proposal, se
         + f"context {pick.context}; smallest KV among {len(near)} presets not shown slower than the front's "
         f"fastest ({fastest:.4g} tok/s; interval within {spec.speed_tolerance:.0%}); front: {', '.join(s.preset for s in front)}; "
         f"{len(scores)} of {len(by_preset)} presets eligible, {crashed} cells crashed"
+        + (f"; ruled out by standing rulings: {', '.join(ruled)}" if ruled else "")
     )
     return Proposal(
         front=[k for s in front for k in s.cells], preset=pick.preset, cell=pick.cells[0], reason=reason

@@ -64,6 +64,12 @@ def start(
         )
     else:
         filed_by = as_.lower()
+    from daedalus.services.questions import read_rulings, ruled_out_presets
+
+    # presets a standing ruling forbids are measured like the others and never proposed
+    ruled_out = ruled_out_presets(spec, read_rulings(_common.store(settings)))
+    for preset, why in ruled_out.items():
+        console.print(f"never proposed: {for_terminal(preset)}: {for_terminal(why)}", highlight=False)
 
     async def go() -> str:
         handle: WorkflowHandle[CampaignWorkflow, CampaignStatus] = await (
@@ -75,6 +81,7 @@ def start(
                 control_queue=settings.temporal.control_queue,
                 filed_by=filed_by,
                 host_gpus=host.gpus.count,
+                ruled_out=ruled_out,
             ),
             id=campaign_workflow_id(spec.id),
             task_queue=settings.temporal.control_queue,

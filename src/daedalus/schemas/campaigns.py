@@ -456,6 +456,11 @@ class CampaignInput(Model):
         description="the GPUs the host declares (hosts.yaml), filled by the starter from the registry: with any, "
         "each cell runs under a lease on all of them",
     )
+    ruled_out: dict[str, str] = Field(
+        default_factory=dict,
+        description="cell presets a standing ruling forbids (name -> the refusal naming the ruling), filled by "
+        "the starter from the store: measured like any other, never proposed",
+    )
 
 
 class CampaignStatus(Model):

@@ -154,7 +154,7 @@ class CampaignWorkflow:
             self.cells.append(result)
             self._show("running")
             await self._store(control, [result])
-        proposal, eligible = propose(spec, self.cells)
+        proposal, eligible = propose(spec, self.cells, request.ruled_out)
         self.proposal = proposal
         if proposal.preset is None:
             self._show("no_proposal")
