@@ -27,7 +27,7 @@ from daedalus.report import build_report, render_markdown
 from daedalus.services import questions
 from daedalus.store.database import session_scope
 from daedalus.store.tables import DecisionRow
-from tests.support import running_workers
+from tests.support import TEST_AUDIT_KEY, running_workers
 from tests.ticket_helpers import events, kinds
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "questions"
@@ -183,6 +183,17 @@ async def test_a_question_answered_makes_a_ruling_that_refuses_a_later_ticket(
         done = await wait_status(temporal_client, spec.id, lambda s: s.status.is_closed)
         assert done.status is QuestionState.RULED and done.outcome == "rule" and done.decided_by == "wayne"
         assert done.ruling is not None and done.ruling.ruled_by == "wayne"
+        # its trail is a hash chain like a ticket's, held against the workflow's own count
+        from daedalus.services import audit
+
+        held = await audit.verify(
+            store_engine,
+            TEST_AUDIT_KEY,
+            temporal_client,
+            [question_subject_key(spec.id)],
+            control_queue=task_queue,
+        )
+        assert (held.breaks, held.anchored, held.events) == ([], 1, 5), held
         # a second answer is refused: the question is closed
         with pytest.raises(TicketError, match=r"not live|not waiting"):
             await services.decide(

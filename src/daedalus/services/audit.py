@@ -19,7 +19,13 @@ from sqlmodel import select
 from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
-from daedalus.ids import CAMPAIGN_PREFIX, TRAINING_PREFIX, ticket_workflow_id
+from daedalus.ids import (
+    CAMPAIGN_PREFIX,
+    QUESTION_SUBJECT,
+    TRAINING_PREFIX,
+    question_workflow_id,
+    ticket_workflow_id,
+)
 from daedalus.schemas.audit import AuditKind, TrailHead
 from daedalus.store import chain
 from daedalus.store.chain import BreakKind, ChainBreak
@@ -28,7 +34,7 @@ from daedalus.store.seals import AuditKey
 from daedalus.store.tables import AuditEventRow
 from daedalus.workflows.trail import AUDIT_HEAD_QUERY
 
-TRAIL_WORKFLOWS = ("TicketWorkflow", "TrainingRunWorkflow", "CampaignWorkflow")
+TRAIL_WORKFLOWS = ("TicketWorkflow", "TrainingRunWorkflow", "CampaignWorkflow", "QuestionWorkflow")
 QUERY_TIMEOUT = timedelta(seconds=10)
 CONCURRENT_QUERIES = 16
 """Each query replays its workflow on a worker: a few at a time, so a store of thousands verifies in minutes."""
@@ -96,10 +102,14 @@ def _listing(subjects: set[str] | None, control_queue: str | None = None) -> str
         kinds = f"({kinds}) AND TaskQueue = {json.dumps(control_queue)}"
     if subjects is None:
         return kinds
-    ids = sorted(
-        s if s.startswith((TRAINING_PREFIX, CAMPAIGN_PREFIX)) else ticket_workflow_id(s) for s in subjects
-    )
+    ids = sorted(_workflow_of(s) for s in subjects)
     return f"({kinds}) AND (" + " OR ".join(f"WorkflowId = {json.dumps(i)}" for i in ids) + ")"
+
+
+def _workflow_of(subject: str) -> str:
+    if subject.startswith(QUESTION_SUBJECT):  # a question's trail: `question:<id>`, workflow `question-<id>`
+        return question_workflow_id(subject.removeprefix(QUESTION_SUBJECT))
+    return subject if subject.startswith((TRAINING_PREFIX, CAMPAIGN_PREFIX)) else ticket_workflow_id(subject)
 
 
 def _held_to(store: Engine, head: TrailHead, status: WorkflowExecutionStatus | None) -> ChainBreak | None:
