@@ -48,11 +48,11 @@ from daedalus.schemas.ticket import (
     TicketSpec,
     TicketStatus,
 )
-from daedalus.workflows.ticket import (
+from daedalus.workflows.ticket import TicketWorkflow
+from daedalus.workflows.ticket_patches import (
     CHILDREN_BUILD_ON_PREDECESSOR,
     PATCHES_AT_START,
     WAITING_FOR_DELEGATES,
-    TicketWorkflow,
 )
 from daedalus.workflows.ticket_steps import GATES_HOLD_LEASES
 from tests.replay_split import local_activity_markers, replay_split_too

@@ -7,12 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from daedalus.decisions.schemas import TicketEscalationOption
+from daedalus.decisions.schemas import DispatchRule, TicketEscalationOption
+from daedalus.schemas.audit import CANCELLED_THROUGH, TEMPORAL_ACTOR
 from daedalus.schemas.gates import GateResult, Verdict
 from daedalus.schemas.ticket import (
     AttemptOutcome,
     AttemptSummary,
+    CancelRequest,
     Granted,
+    HostFacts,
+    SpecAmendment,
+    TicketInput,
     TicketSpec,
     TicketState,
     TicketStatus,
@@ -145,3 +150,53 @@ def test_a_child_builds_on_its_predecessor_unless_its_spec_names_a_base() -> Non
     assert rules.builds_on(default, "bbb").engine.base_commit == "bbb"  # type: ignore[union-attr]
     assert rules.builds_on(named, "bbb") == named
     assert rules.builds_on(default, None) == default
+
+
+def test_a_child_is_filed_by_its_parent_on_the_parents_hosts_and_counts() -> None:
+    parent = spec()
+    child = spec(id="t-1a")
+    rule = DispatchRule(required=True, reason="policy")
+    filing = TicketInput(
+        spec=parent,
+        hosts={"h": HostFacts(schedule_to_start_s=30, gpus=2)},
+        requests_before={"t-1a": 3},
+        dispatch=rule,
+        history_limit=100,
+    )
+    started = rules.child_input(filing, child, covered_by_parent=True)
+    assert started.spec == child and started.filed_by == f"ticket {parent.id}"
+    assert started.hosts == filing.hosts and started.requests_before == {"t-1a": 3}
+    assert started.dispatch == rules.child_dispatch(rule, child, covered_by_parent=True)
+    assert started.dispatch is not None and started.dispatch.covered and not started.dispatch.required
+    assert started.history_limit == TicketInput(spec=child).history_limit  # its own default, as it always was
+    assert rules.child_input(filing.changed(dispatch=None), child, covered_by_parent=True).dispatch is None
+
+
+def test_an_amendment_must_change_something_and_keep_the_attempts_made() -> None:
+    nothing = SpecAmendment(amended_by="alice")
+    assert rules.amendment_problem(nothing, 0) == (
+        "an amendment must change the spec text, the constraints or max_attempts"
+    )
+    fewer = SpecAmendment(amended_by="alice", max_attempts=2)
+    assert rules.amendment_problem(fewer, 3) == "max_attempts 2 is below the 3 attempts already made"
+    assert rules.amendment_problem(fewer, 2) is None
+    assert rules.amendment_problem(SpecAmendment(amended_by="alice", constraints=["no asm"]), 5) is None
+
+
+def test_a_cancellation_names_the_person_or_temporal() -> None:
+    asked = CancelRequest(requested_by="alice", reason="wrong host")
+    assert rules.cancellation(asked) == ("cancelled by alice: wrong host", "alice", None)
+    reason, by, detail = rules.cancellation(None)
+    assert "no person decided it" in reason
+    assert by == TEMPORAL_ACTOR and detail == {CANCELLED_THROUGH: "temporal"}
+
+
+def test_only_a_committed_last_attempt_is_marked_cancelled() -> None:
+    building = [attempt(1, AttemptOutcome.NO_COMMIT), attempt(2, AttemptOutcome.COMMITTED)]
+    marked = rules.cancelled_attempt(building)
+    assert marked is not None and marked.number == 2 and marked.outcome is AttemptOutcome.CANCELLED
+    assert (
+        rules.cancelled_attempt([attempt(1, AttemptOutcome.COMMITTED), attempt(2, AttemptOutcome.NO_COMMIT)])
+        is None
+    )
+    assert rules.cancelled_attempt([]) is None

@@ -10,7 +10,8 @@ here adds commands, so all of it waits for the patch `ticket-lessons` (histories
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import TypedDict
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -44,6 +45,22 @@ LESSONS_THAT_TEACH = "lessons-that-teach"
 their cause, are recorded. Runs started before it recorded every note and every ending but a plain pass."""
 LESSONS_TIMEOUT = timedelta(seconds=30)
 LESSONS_RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1))
+
+
+class _Note(TypedDict):
+    """What every lesson from a decider's note records of the decision."""
+
+    request_id: str
+    note: str
+    decided_by: str
+
+
+class _Where(TypedDict):
+    """What a lesson attaches to, and when it was learnt."""
+
+    engine: str | None
+    host: str
+    at: datetime
 
 
 def _engine(spec: TicketSpec) -> str | None:
@@ -99,29 +116,15 @@ class TicketLessons:
         stays in the audit trail only. (Before `lessons-that-teach`: every note.)"""
         if not answer.note.strip() or not self._on():
             return
+        said = _Note(request_id=answer.request_id, note=answer.note, decided_by=answer.decided_by)
+        where = _Where(engine=_engine(spec), host=spec.host, at=workflow.now())
         if self.teaching_only:
+            label = f"ticket {spec.id}"
             lessons = marked_note_lessons(
-                request_id=answer.request_id,
-                decision_kind=kind.value,
-                subject_label=f"ticket {spec.id}",
-                note=answer.note,
-                marked=answer.lesson,
-                decided_by=answer.decided_by,
-                engine=_engine(spec),
-                host=spec.host,
-                at=workflow.now(),
+                decision_kind=kind.value, subject_label=label, marked=answer.lesson, **said, **where
             )
         else:
-            lessons = decision_note_lesson(
-                request_id=answer.request_id,
-                question=question,
-                option=answer.option,
-                note=answer.note,
-                decided_by=answer.decided_by,
-                engine=_engine(spec),
-                host=spec.host,
-                at=workflow.now(),
-            )
+            lessons = decision_note_lesson(question=question, option=answer.option, **said, **where)
         await self._record(spec, lessons)
 
     async def outcome(

@@ -8,14 +8,17 @@ from typing import TYPE_CHECKING, assert_never
 
 from daedalus.decisions.commands import tree_commands
 from daedalus.decisions.schemas import DeskState, DispatchRule, TicketEscalationOption
-from daedalus.schemas.audit import TicketSnapshot
+from daedalus.schemas.audit import CANCELLED_THROUGH, TEMPORAL_ACTOR, TicketSnapshot
 from daedalus.schemas.gates import GateResult, GateSpec, Verdict
 from daedalus.schemas.ticket import (
     AttemptOutcome,
     AttemptSummary,
+    CancelRequest,
     EngineRef,
     Granted,
+    SpecAmendment,
     TicketCarry,
+    TicketInput,
     TicketSpec,
     TicketState,
     TicketStatus,
@@ -62,6 +65,43 @@ def child_dispatch(
     asked = child.agent is not None and child.approval.dispatch_requires_approval
     reason = f"sub-ticket {child.id} asks for approval of its agent's dispatch"
     return DispatchRule(required=asked, excluded=rule.excluded, commands=tree, reason=reason)
+
+
+def child_input(parent: TicketInput, child: TicketSpec, *, covered_by_parent: bool) -> TicketInput:
+    """What a sub-ticket is started with: filed by its parent, on the parent's hosts and request counts, under
+    the dispatch rule `child_dispatch` gives it."""
+    return TicketInput(
+        spec=child,
+        filed_by=f"ticket {parent.spec.id}",
+        dispatch=child_dispatch(parent.dispatch, child, covered_by_parent=covered_by_parent),
+        hosts=parent.hosts,
+        requests_before=parent.requests_before,
+    )
+
+
+def amendment_problem(amendment: SpecAmendment, attempts_made: int) -> str | None:
+    """Why `amendment` cannot apply to a ticket that made `attempts_made` attempts; None when it can."""
+    if not amendment.changes():
+        return "an amendment must change the spec text, the constraints or max_attempts"
+    if amendment.max_attempts is not None and amendment.max_attempts < attempts_made:
+        return f"max_attempts {amendment.max_attempts} is below the {attempts_made} attempts already made"
+    return None
+
+
+def cancellation(request: CancelRequest | None) -> tuple[str, str, dict[str, str] | None]:
+    """A cancelled ticket's closing reason, who closed it and the event's detail: the person who asked, else
+    Temporal (no person decided it; the audit writer adds the client and reason Temporal recorded)."""
+    if request is not None:
+        return f"cancelled by {request.requested_by}: {request.reason}", request.requested_by, None
+    reason = "cancelled through Temporal, outside Daedalus (no person decided it)"
+    return reason, TEMPORAL_ACTOR, {CANCELLED_THROUGH: "temporal"}
+
+
+def cancelled_attempt(attempts: list[AttemptSummary]) -> AttemptSummary | None:
+    """The last attempt marked CANCELLED when the ticket was cancelled while it was being built or measured."""
+    if attempts and attempts[-1].outcome is AttemptOutcome.COMMITTED:
+        return attempts[-1].changed(outcome=AttemptOutcome.CANCELLED)
+    return None
 
 
 def why_stop(spec: TicketSpec, attempts: list[AttemptSummary], budget: Granted) -> str | None:
