@@ -1,5 +1,8 @@
 """The benchmark client: streaming OpenAI-compatible completions, rounds, A/B interleaving, validity checks.
 
+Every measured round carries the host's load while it ran (gates/contention.py: the CPU other processes took
+beside the harness and its servers), so a speed verdict measured on a busy host can say so.
+
 Definitions (MEASUREMENT.md): TTFT = first streamed chunk with content; TPOT = (E2E - TTFT) / (tokens - 1);
 decode tok/s per request = 1000 / TPOT client-side, or the server's own `timings.predicted_per_second`,
 which is preferred when present and cross-checked against the client's (> 3% apart is flagged).
@@ -25,6 +28,7 @@ from daedalus.engines.base import Server
 from daedalus.engines.metrics import SpecCounters, counter, segment_means_ms, segment_totals, spec_counters
 from daedalus.engines.tiny_model import _WORDS
 from daedalus.errors import EngineError
+from daedalus.gates.contention import LoadMeter
 from daedalus.gates.statistics import summarize
 from daedalus.schemas.engines import (
     BenchResult,
@@ -57,6 +61,8 @@ class Side:
 
     name: str
     server: Server
+    role: str = "candidate"
+    """candidate, or baseline in an A/B: how its rounds' host load is labelled."""
     rounds: list[RoundResult] = field(default_factory=list)
     peak_deferred: float = 0.0
     cached_before: float = 0.0
@@ -213,12 +219,18 @@ def _slot_problems(side: Side, workload: Workload) -> list[str]:
 async def _measure_round(
     side: Side, workload: Workload, users: int, round_no: int, warmup: bool, pool: Executor
 ) -> float:
-    """Run one round on `side` and keep it; returns the client CPU it cost when measured (0 for a warm-up)."""
+    """Run one round on `side` and keep it, with the host's load around a measured one; returns the client CPU it
+    cost when measured (0 for a warm-up)."""
     spec_before = await _spec(side)
     segments_before = await _segments(side)
+    meter = None if warmup else LoadMeter()
+    load_before = meter.snapshot() if meter else None
     cpu_before = time.process_time()
     measured = await run_round(side, workload, users, round_no, warmup, pool)
     cpu = time.process_time() - cpu_before if not warmup else 0.0
+    if meter is not None and load_before is not None:
+        load = meter.load(load_before, meter.snapshot(), round_no=round_no, side=side.role)
+        measured = measured.model_copy(update={"host_load": load})
     segments_after = await _segments(side)
     if segments_before is not None and segments_after is not None:
         measured = measured.model_copy(
@@ -279,6 +291,8 @@ async def benchmark(
     Use it for an A/B only where the preset says both fit (see `benchmark_alternating` otherwise). A server
     that dies, a failed request or a wrong token count makes the result INVALID (never a low number).
     """
+    if baseline is not None:
+        baseline.role = "baseline"
     sides = [candidate] if baseline is None else [candidate, baseline]
     invalid = [problem for side in sides for problem in _slot_problems(side, workload)]
     total = (workload.warmup_rounds + workload.rounds) * len(workload.users) * len(sides)
@@ -353,7 +367,8 @@ async def benchmark_alternating(
                     order = [candidate, baseline] if measured_no % 2 == 0 else [baseline, candidate]
                     for name, launch in order:
                         async with launch() as server:
-                            side = sides.setdefault(name, Side(name=name, server=server))
+                            role = "candidate" if name == candidate[0] else "baseline"
+                            side = sides.setdefault(name, Side(name=name, server=server, role=role))
                             side.server = server
                             invalid += [p for p in _slot_problems(side, workload) if p not in invalid]
                             side.cached_before, side.preempted_before = await _counters(side)

@@ -51,6 +51,7 @@ from daedalus.engines.tiny_model import MODELS, ensure_model
 from daedalus.engines.vllm import VllmKvCapacity, parse_kv_cache_log, parse_metrics, prefix_caching_problem
 from daedalus.engines.workspace import WorkspaceResult, decode_workspace
 from daedalus.errors import EngineError, UnsupportedMetric
+from daedalus.gates import contention
 from daedalus.gates.statistics import clopper_pearson
 from daedalus.schemas.engines import (
     ABResidency,
@@ -61,7 +62,7 @@ from daedalus.schemas.engines import (
     VllmPreset,
     Workload,
 )
-from daedalus.schemas.gates import GateMeasurement, Metric
+from daedalus.schemas.gates import GateMeasurement, Metric, RoundLoad
 
 # How each metric is produced; a metric missing here is one no engine measurement can give.
 METRIC_METHODS: dict[Metric, str] = {
@@ -161,13 +162,25 @@ def _series(
     raise UnsupportedMetric(f"{metric.value} is not a benchmark series")
 
 
+def host_loads(bench: BenchResult) -> list[RoundLoad]:
+    """The host's load during each measured round of the gated concurrency: the candidate's, then the baseline's."""
+    users = bench.results[0].users if bench.results else None
+    measured = [r for r in bench.rounds if not r.warmup and r.users == users and r.host_load is not None]
+    loads = [r.host_load for r in measured if r.preset == bench.preset]
+    if bench.baseline_preset is not None and bench.baseline_preset != bench.preset:
+        loads += [r.host_load for r in measured if r.preset == bench.baseline_preset]
+    return [load for load in loads if load is not None]
+
+
 def _from_bench(
     metric: Metric, bench: BenchResult, artifact: Path, *, position: int = 1, segment: str = "decode"
 ) -> GateMeasurement:
+    loads = host_loads(bench)
     evidence = {
         "artifact": str(artifact),
         "server_log": bench.server_log or "",
         "flags": "; ".join(bench.flags),
+        **contention.evidence(loads),
     }
     if metric is Metric.SEGMENT_MS:
         # Where each measured round's time went, every segment, beside the one gated.
@@ -183,7 +196,7 @@ def _from_bench(
                                method=f"benchmark, {bench.workload.rounds} rounds at {bench.workload.users} users: "
                                       "preempted or deferred requests over the measured rounds (/metrics deltas)",
                                evidence=evidence, invalid_reason="; ".join(others) or None,
-                               failed_requests=bench.failed_requests)  # fmt: skip
+                               failed_requests=bench.failed_requests, host_load=loads)  # fmt: skip
     samples = _series(bench.results[0], metric, bench, position, segment)
     baseline = (
         _series(bench.baseline_results[0], metric, bench, position, segment)
@@ -212,6 +225,7 @@ def _from_bench(
         method=f"benchmark {source}, {bench.workload.rounds} rounds, drop warm-up, {bench.residency} residency",
         failed_requests=bench.failed_requests, preemptions=bench.preemptions,
         token_count_mismatches=bench.token_count_mismatches, invalid_reason=invalid, evidence=evidence,
+        host_load=loads,
     )  # fmt: skip
 
 

@@ -12,8 +12,8 @@ Where each interval comes from:
 * exact metrics (engine-reported counts, counted events): as observed, and the verdict says which it is.
 
 Contention (gates/contention.py): a measurement carries the host's load during each measured round. An absolute
-speed gate that would FAIL, or stay INCONCLUSIVE on its interval, while other work took the host is INVALID
-with that reason; a PASS despite it stands; A/B gates keep their paired verdict. The load is in the result
+speed gate that would FAIL, or stay INCONCLUSIVE on its interval, while other work took a quarter of the host's
+CPUs or more is INVALID with that reason; a PASS despite it stands; A/B gates keep their paired verdict. The load is in the result
 either way (`host_load`, and each round in the evidence).
 """
 
@@ -141,17 +141,14 @@ def decide(gate: GateSpec, measurement: GateMeasurement, *, host: str = "", comm
             cv=summary.cv,
             **common,
         )
-    busy = contention.contended(measurement.host_load)
-    if busy:
-        stated += (
-            f"; {len(busy)} of {len(measurement.host_load)} rounds ran while other work took the host "
-            + (
-                "(paired rounds share it)"
-                if gate.kind is GateKind.AB
-                else "(a speed it could only have slowed: the verdict stands)"
-                if gate.metric in contention.SPEED_METRICS
-                else "(not a speed: judged as measured)"
-            )
+    judged = contention.pooled([load for load in measurement.host_load if load.side == "candidate"])
+    if judged is not None and judged.contended:
+        stated += "; the rounds ran while other work took the host " + (
+            "(paired rounds share it)"
+            if gate.kind is GateKind.AB
+            else "(a speed it could only have slowed: the verdict stands)"
+            if gate.metric in contention.SPEED_METRICS
+            else "(not a speed: judged as measured)"
         )
     return GateResult(
         verdict=verdict,

@@ -155,12 +155,23 @@ class RoundLoad(Model):
     own_cpu_s: float = Field(ge=0, description="the harness and the engine servers it started")
     other_cpu_s: float = Field(ge=0, description="every other process on those CPUs")
     steal_s: float = Field(default=0.0, ge=0, description="time the hypervisor gave other guests")
+    ticks: int = Field(
+        default=0,
+        ge=0,
+        description="the kernel's accounting ticks on those CPUs over the round (the resolution of the figures); "
+        "0: not recorded, taken as wall_s x cpus x 100",
+    )
     load_avg_1m: float | None = Field(default=None, description="at the round's end; recorded, not judged")
     others: list[str] = Field(
         default_factory=list,
         description="the busiest other processes seen from the measurement ('name (pid) CPU-s'); empty where "
         "they are not visible (a gate's sandbox has a pid namespace of its own)",
     )
+
+    @property
+    def tick_count(self) -> int:
+        """The accounting ticks the round's figures rest on (USER_HZ = 100 where not recorded)."""
+        return self.ticks or round(self.wall_s * self.cpus * 100)
 
     @property
     def share(self) -> float:
