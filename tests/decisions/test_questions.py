@@ -31,6 +31,7 @@ from tests.support import TEST_AUDIT_KEY, running_workers
 from tests.ticket_helpers import events, kinds
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "questions"
+HISTORIES = Path(__file__).resolve().parents[1] / "histories"
 
 
 def unique(spec: dict[str, Any], task_queue: str) -> dict[str, Any]:
@@ -390,3 +391,17 @@ async def test_a_campaign_measures_a_preset_a_ruling_forbids_and_never_proposes_
     assert status.proposal.preset.startswith("f16-"), status.proposal.reason
     assert "ruled out by standing rulings: q8_0-" in status.proposal.reason
     assert status.cells_done == status.cells_total  # the forbidden presets were measured all the same
+
+
+@pytest.mark.parametrize("path", sorted(HISTORIES.glob("question-*.json")), ids=lambda p: p.stem)
+async def test_stored_question_histories_replay(path: Path) -> None:
+    """A question recorded asking, answered with its rule and ruled: later code must replay it."""
+    from temporalio.client import WorkflowHistory
+    from temporalio.worker import Replayer
+
+    from daedalus.payloads import DATA_CONVERTER
+    from daedalus.workflows.question import QuestionWorkflow
+    from tests.replay_split import replay_split_too
+
+    history = WorkflowHistory.from_json(path.stem, path.read_text())
+    await replay_split_too(Replayer(workflows=[QuestionWorkflow], data_converter=DATA_CONVERTER), history)
