@@ -2,9 +2,9 @@
 parallelism, 6f's batch-8 A/B of k=1 against plain decoding, and 6e's occupancy gating, each measured on a real
 server and judged by the gates' rules. The presets are the demo repo's (examples/demo/serving-config-vllm/presets).
 
-Four servers serve the whole module, started together once (two to three minutes on 2 busy cores): the 4K pool
-lane (plain decoding), the pool with n-gram k=1, the pool gated to speculate at <= 2 running sequences, and the pool
-split over two tensor-parallel ranks. Verdicts are whatever the measurements say; the tests check that each was
+Five servers serve the whole module, started together once (two to three minutes on 2 busy cores): the 4K pool
+lane (plain decoding), the pool with n-gram k=1, the pool gated to speculate at <= 2 running sequences, the pool
+split over two tensor-parallel ranks, and the pool drafting with a draft model (issue 26 item 4, the seed's DSpark). Verdicts are whatever the measurements say; the tests check that each was
 measured validly and that its mechanism did what it claims (the gate stops drafting in a full batch; two ranks
 joined, one per core).
 """
@@ -12,7 +12,10 @@ joined, one per core).
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import shutil
+import statistics
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -28,6 +31,7 @@ from daedalus.engines.bench import Side, benchmark
 from daedalus.engines.hf_tiny_model import ensure_hf_model
 from daedalus.engines.measure import _from_bench, workspace_measurement
 from daedalus.engines.presets import load_preset
+from daedalus.engines.quality import identity_probes, temp0_identity
 from daedalus.engines.runner import launched_together
 from daedalus.engines.vllm import VllmAdapter, parse_kv_cache_log, parse_metrics, parse_parallel_log
 from daedalus.engines.vllm_env import installed_environment
@@ -74,7 +78,7 @@ async def lanes(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Lanes
     except EngineSetupError as error:
         pytest.fail(f"{error} (the vLLM tests run vLLM's CPU build for real; `make test` installs it)")
     workdir = tmp_path_factory.mktemp("lanes")
-    names = ("pool", "pool-ngram1", "pool-gated", "pool-tp2")
+    names = ("pool", "pool-ngram1", "pool-gated", "pool-tp2", "pool-draft")
     changed = gated_by_local_6e(workdir)
     gated = preset("pool-gated", changed)
     assert (
@@ -238,3 +242,39 @@ async def test_seed_6_tensor_parallel_two_ranks_one_per_core(lanes: Lanes, tmp_p
     assert ab.invalid_reason is None, ab.invalid_reason
     verdict = decide(gate("decode_tps", 1.0, kind="ab"), ab)
     print(f"\nTP2/TP1 single user: {verdict.verdict.value} — {verdict.reason}", file=sys.stderr)
+
+
+async def test_seed_dspark_draft_model_acceptance_per_position_against_ngram(lanes: Lanes) -> None:
+    """The seed's DSpark drafter in miniature (issue 26 item 4): vLLM's CPU build drafting with a second model,
+    tiny-llama-draft (the target's first 2 of 4 layers, its embeddings and head), k=3, beside n-gram lookup at
+    k=3 (the gated lane at one user) on the same workload. Verification keeps the target's own greedy output, so
+    the draft lane's temp-0 streams are the plain lane's (the near-tie rule judges them)."""
+    draft, ngram, plain = lanes.servers["pool-draft"], lanes.servers["pool-gated"], lanes.servers["pool"]
+    argv = draft.adapter.command(Path("/m"), 1)
+    config = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert config["method"] == "draft_model" and config["num_speculative_tokens"] == 3
+    assert (Path(config["model"]) / "config.json").is_file(), config  # the name became the written drafter
+    workload = Workload(rounds=3, max_tokens=96, prompt_words=32, seed=4)
+    per_position: dict[str, list[float]] = {}
+    for name, server in (("draft", draft), ("ngram", ngram)):
+        bench = await benchmark(
+            Side(f"pool-{name}", server), workload, run_id=f"dspark-{name}", model="tiny-llama"
+        )
+        rounds = [r for r in bench.rounds if not r.warmup and r.acceptance_length is not None]
+        assert len(rounds) == 3, f"{name}: {len(rounds)} measured rounds drafted"
+        per_position[name] = [statistics.fmean(r.position_acceptance[k] for r in rounds) for k in range(3)]
+    for name, rates in per_position.items():
+        # Position k+1 is reached only through an accepted position k: the rates never rise along the draft.
+        assert all(0.0 <= b <= a <= 1.0 for a, b in itertools.pairwise(rates)), (name, rates)
+    # A drafter that shares the target's first layers agrees with it on a real share of tokens, never all.
+    assert 0.0 < per_position["draft"][0] < 1.0, per_position
+    result = await temp0_identity(draft, plain, probes=identity_probes(8))
+    assert result.passed, result.detail
+    print(
+        "\nacceptance per position, k=3, one user: draft model "
+        + ", ".join(f"{r:.2f}" for r in per_position["draft"])
+        + "; n-gram "
+        + ", ".join(f"{r:.2f}" for r in per_position["ngram"])
+        + f"; temp-0 identity against plain decoding: {result.detail}",
+        file=sys.stderr,
+    )

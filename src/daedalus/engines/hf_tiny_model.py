@@ -38,12 +38,17 @@ class HfModelSpec:
     """The BPE trainer's ceiling; the tokenizer stops where the corpus has no more merges (~600)."""
     max_position_embeddings: int = 4096
     seed: int = 0
+    layers_drawn: int = 0
+    """A layer-skip drafter: draw the weights of a model this many layers deep, keep its first
+    `num_hidden_layers` (the target's embeddings, first layers and head, bit for bit); 0 keeps every layer."""
     format_version: int = 1  # bump when the corpus or the writer's output changes
 
     def writer_arguments(self) -> str:
         fields = asdict(self)
         for key in ("name", "format_version"):
             fields.pop(key)
+        if not self.layers_drawn:
+            fields.pop("layers_drawn")  # a whole model's arguments (and cache key) as before drafters
         return json.dumps(fields, sort_keys=True)
 
 
@@ -56,6 +61,17 @@ HF_MODELS: dict[str, HfModelSpec] = {
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
+    ),
+    # The seed's DSpark in miniature: a drafter for tiny-llama made of its first 2 of 4 layers with its
+    # embeddings and head, so it proposes what the target's early layers already say (a real, partial acceptance).
+    "tiny-llama-draft": HfModelSpec(
+        "tiny-llama-draft",
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        layers_drawn=4,
     ),
 }
 

@@ -50,7 +50,7 @@ def write(spec: dict[str, int], corpus: Path, out: Path) -> None:
         vocab_size=vocab,
         hidden_size=spec["hidden_size"],
         intermediate_size=spec["intermediate_size"],
-        num_hidden_layers=spec["num_hidden_layers"],
+        num_hidden_layers=spec.get("layers_drawn") or spec["num_hidden_layers"],
         num_attention_heads=spec["num_attention_heads"],
         num_key_value_heads=spec["num_key_value_heads"],
         max_position_embeddings=spec["max_position_embeddings"],
@@ -73,6 +73,10 @@ def write(spec: dict[str, int], corpus: Path, out: Path) -> None:
                 if name == "lm_head.weight":
                     std *= 4.0  # spread the logits (as the GGUF writer's output matrix)
                 parameter.normal_(0.0, std, generator=generator)
+    kept = spec["num_hidden_layers"]
+    if kept < config.num_hidden_layers:  # a layer-skip drafter: the target's first layers, embeddings and head
+        model.model.layers = model.model.layers[:kept]
+        model.config.num_hidden_layers = kept
     model = model.to(torch.bfloat16)
     model.generation_config.do_sample = False
     model.save_pretrained(out, safe_serialization=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 from pydantic import Field
 
 from daedalus.engines.base import EngineAdapter, Server
+from daedalus.engines.hf_tiny_model import HF_MODELS, ensure_hf_model
 from daedalus.engines.metrics import counter, flatten, labels
 from daedalus.engines.vllm_env import SERVER_MODULE, VllmEnvironment, resolve_environment
 from daedalus.engines.vllm_overlay import Overlay, find_overlay
@@ -259,6 +260,8 @@ class VllmAdapter(EngineAdapter):
             argv.append("--enforce-eager")
         if p.speculative is not None:
             spec = p.speculative.model_dump(exclude_none=True)
+            if spec.get("model") in HF_MODELS:  # a tiny drafter by name: its directory, written once
+                spec["model"] = str(ensure_hf_model(spec["model"], environment=self.engine_environment()))
             argv += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
         if p.additional_config:
             argv += ["--additional-config", json.dumps(p.additional_config, separators=(",", ":"))]

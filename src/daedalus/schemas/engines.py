@@ -145,7 +145,11 @@ class SpeculativeConfig(Model):
 
     method: Literal["mtp", "ngram", "eagle", "eagle3", "draft_model"] = "mtp"
     num_speculative_tokens: int = Field(ge=1, le=16)
-    model: str | None = None
+    model: str | None = Field(
+        default=None,
+        description="the draft model (draft_model, eagle) or MTP module: a directory, or a tiny model by name "
+        "(tiny-llama-draft), written into the engine cache on first use",
+    )
     prompt_lookup_max: int | None = Field(
         default=None, ge=1, le=64, description="ngram: the longest n-gram looked up in the sequence so far"
     )
