@@ -229,3 +229,22 @@ def test_ticket_show_puts_each_attempts_host_load_beside_its_gate(monkeypatch: p
     row = next(line for line in out.getvalue().splitlines() if "host load" in line)
     assert "; contended (>= 25%)" in row and "not contended (>= 25%)" in row, row
     assert "INVALID" in out.getvalue() and "FAIL" in out.getvalue()
+
+
+def test_the_consoles_attempts_side_by_side_show_the_host_load() -> None:
+    from pathlib import Path
+
+    import jinja2
+
+    from daedalus.api.console import views
+    from daedalus.schemas.ticket import AttemptOutcome, AttemptSummary
+
+    busy = decide(gate(), GateMeasurement(samples=SLOW, unit="tok/s", host_load=BUSY))
+    attempt = AttemptSummary(number=1, branch="b1", outcome=AttemptOutcome.GATES_FAILED, gate_results=[busy])
+    sbs = views.side_by_side([attempt])
+    cell = sbs.gates[0].cells[0]
+    assert cell is not None and cell.host_load == busy.host_load
+    templates = Path(views.__file__).parent / "templates"
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), autoescape=True)
+    html = env.get_template("_attempts.html").render(sbs=sbs)
+    assert "host load: other work took 35% of 2 CPUs over 7 measured rounds" in html, html

@@ -61,6 +61,8 @@ class VerdictCell:
     confidence: float
     unit: str
     reason: str
+    host_load: str | None = None
+    """The host's load while the rounds ran (gates/contention.py); None where none was recorded."""
 
     @property
     def interval(self) -> str:
@@ -125,6 +127,7 @@ def side_by_side(attempts: list[AttemptSummary]) -> AttemptsSideBySide:
                 confidence=result.confidence,
                 unit=result.unit,
                 reason=result.reason,
+                host_load=result.host_load,
             )
     return AttemptsSideBySide(attempts=attempts, gates=list(gates.values()))
 
