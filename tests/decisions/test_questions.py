@@ -405,3 +405,62 @@ async def test_stored_question_histories_replay(path: Path) -> None:
 
     history = WorkflowHistory.from_json(path.stem, path.read_text())
     await replay_split_too(Replayer(workflows=[QuestionWorkflow], data_converter=DATA_CONVERTER), history)
+
+
+async def test_a_later_ruling_lifts_an_earlier_one(
+    temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
+) -> None:
+    import yaml
+
+    data = unique(yaml.safe_load((EXAMPLES / "forbid-fp8.yaml").read_text()), task_queue)
+    first = questions.parse_question({**data, "deciders": ["wayne"]})
+    lift = questions.parse_question(
+        {
+            "id": f"lift-{task_queue[-8:]}",
+            "question": "Lift the fp8 ban now that the kernel is fixed?",
+            "options": ["lift", "keep"],
+            "deadline": "+1d",
+            "deciders": ["wayne"],
+            "revokes": [first.id],
+            "enacts": "lift",
+        }
+    )
+    refused = questions.parse_question(
+        {**lift.model_dump(mode="json"), "id": f"bad-{task_queue[-8:]}", "revokes": ["nope"]}
+    )
+
+    async def answer(spec: Any, option: str) -> QuestionStatus:
+        await questions.ask(temporal_client, spec, queue=task_queue, asked_by="lead", store=sqlite_engine)
+        state = await wait_status(temporal_client, spec.id, lambda s: s.pending_decision is not None)
+        assert state.pending_decision is not None
+        await services.decide(
+            temporal_client,
+            Decision(request_id=state.pending_decision.id, option=option, decided_by="wayne"),
+            store=sqlite_engine,
+        )
+        return await wait_status(temporal_client, spec.id, lambda s: s.status.is_closed)
+
+    fp8 = services.parse_spec(ticket("fp8", f"{tmp_path}/fp8.yaml"))
+    (tmp_path / "fp8.yaml").write_text(
+        yaml.safe_dump({"engine": "vllm", "name": "fp8", "max_model_len": 4096, "kv_cache_dtype": "fp8"})
+    )
+    async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, "local"):
+        assert (await answer(first, "rule")).status is QuestionState.RULED
+        assert [r.id for r in questions.read_rulings(sqlite_engine)] == [first.id]
+        assert questions.ticket_breaks(fp8, questions.read_rulings(sqlite_engine))
+        with pytest.raises(TicketError, match=r"revokes \['nope'\], which are not standing rulings"):
+            await questions.ask(
+                temporal_client, refused, queue=task_queue, asked_by="lead", store=sqlite_engine
+            )
+        lifted = await answer(lift, "lift")
+    assert (
+        lifted.status is QuestionState.RULED
+        and lifted.ruling is not None
+        and lifted.ruling.revokes == [first.id]
+    )
+    assert questions.read_rulings(sqlite_engine) == []  # the ban is lifted, and the lift is no rule itself
+    assert questions.ticket_breaks(fp8, questions.read_rulings(sqlite_engine)) == []
+    with session_scope(sqlite_engine) as session:
+        text = render_markdown(build_report(session=session, since=datetime.now(UTC) - timedelta(hours=1)))
+    assert f"{lift.question} — done: ruled **lift** by wayne" in text
+    assert "## Standing rulings" not in text

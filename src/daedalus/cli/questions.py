@@ -127,7 +127,9 @@ def show(question_id: str) -> None:
         by = f" by {state.decided_by}" if state.decided_by else " (at the deadline)"
         lines.append(f"outcome: {state.outcome}{by}" + (f": {state.note}" if state.note else ""))
     if state.ruling is not None:
-        lines.append(f"standing ruling: {state.ruling.label()}: {state.ruling.rule.describe()}")
+        from daedalus.decisions.rulings import describe
+
+        lines.append(f"ruling: {state.ruling.label()}: {describe(state.ruling)}")
     console.print(for_terminal("\n".join(lines)), highlight=False)
 
 
@@ -160,7 +162,7 @@ def withdraw(
 
 def rulings() -> None:
     """The standing rulings, oldest first: what each forbids or requires, who ruled and when."""
-    from daedalus.decisions.rulings import Ruling
+    from daedalus.decisions.rulings import Ruling, describe
 
     remote = shared_stack()
     if remote is not None:
@@ -172,4 +174,4 @@ def rulings() -> None:
     if not found:
         console.print("no standing rulings")
     for ruling in found:
-        console.print(for_terminal(f"{ruling.label()}: {ruling.rule.describe()}"), highlight=False)
+        console.print(for_terminal(f"{ruling.label()}: {describe(ruling)}"), highlight=False)

@@ -52,8 +52,14 @@ class QuestionSpec(SpecModel):
     )
     reminder_interval_s: int | None = Field(default=None, ge=60, le=7 * 24 * 3600)
     rule: Rule | None = Field(default=None, description="the standing rule an answer may enact")
+    revokes: list[Slug] = Field(
+        default_factory=list,
+        max_length=LIST_ITEMS,
+        description="standing rulings (their ids) the enacting answer lifts, with or without a new rule",
+    )
     enacts: str | None = Field(
-        default=None, description="the option that makes `rule` a standing ruling (required with a rule)"
+        default=None,
+        description="the option that makes `rule` a standing ruling and lifts `revokes` (required with either)",
     )
     statement: Line = Field(
         default="", description="the ruling in words, as the report lists it (default: the question)"
@@ -93,10 +99,10 @@ class QuestionSpec(SpecModel):
     def _consistent(self) -> QuestionSpec:
         if self.on_deadline is not None and self.on_deadline not in self.options:
             raise ValueError(f"on_deadline {self.on_deadline!r} is not one of the options {self.options}")
-        if (self.rule is None) != (self.enacts is None):
+        if (self.rule is None and not self.revokes) != (self.enacts is None):
             raise ValueError(
-                "rule and enacts go together: a rule needs the option that enacts it (enacts: approve), and "
-                "enacts needs a rule"
+                "rule and enacts go together: a rule (or revokes) needs the option that enacts it (enacts: "
+                "approve), and enacts needs a rule or rulings to revoke"
             )
         if self.enacts is not None:
             if self.enacts not in self.options:

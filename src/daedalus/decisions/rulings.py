@@ -150,7 +150,8 @@ class Ruling(Model):
 
     id: str = Field(description="the question that made it (its id)")
     statement: Line = Field(description="the ruling in words, e.g. 'KV quantization is always TBQ'")
-    rule: Rule
+    rule: Rule | None = Field(default=None, description="None: the ruling only lifts earlier ones")
+    revokes: list[str] = Field(default_factory=list, description="earlier rulings this one lifts")
     ruled_by: str
     ruled_at: datetime
     note: str = ""
@@ -160,10 +161,26 @@ class Ruling(Model):
 
     def broken_by(self, preset: LlamaCppPreset | VllmPreset, *, baseline: bool = False) -> str | None:
         """The refusal naming this ruling, or None when `preset` obeys it."""
+        if self.rule is None:
+            return None
         what = self.rule.broken_by(preset, baseline=baseline)
         if what is None:
             return None
         return f"{what}, which {self.label()} forbids: {self.rule.describe()}"
+
+
+def standing(rulings: list[Ruling]) -> list[Ruling]:
+    """Of every ruling made (oldest first), those that stand: with a rule, and not lifted by a later one."""
+    lifted = {revoked for ruling in rulings for revoked in ruling.revokes}
+    return [ruling for ruling in rulings if ruling.rule is not None and ruling.id not in lifted]
+
+
+def describe(ruling: Ruling) -> str:
+    """What the ruling does, in one line."""
+    parts = [ruling.rule.describe()] if ruling.rule is not None else []
+    if ruling.revokes:
+        parts.append(f"lifts {', '.join(ruling.revokes)}")
+    return "; ".join(parts)
 
 
 def preset_breaks(

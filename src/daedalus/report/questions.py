@@ -15,11 +15,11 @@ from datetime import datetime
 
 from sqlmodel import Session, col, select
 
-from daedalus.decisions.rulings import Ruling
+from daedalus.decisions.rulings import Ruling, describe
 from daedalus.ids import QUESTION_SUBJECT
 from daedalus.report.sections import Part, Section, cell
 from daedalus.schemas.audit import AuditKind
-from daedalus.store.questions import question_rows, standing_rulings
+from daedalus.store.questions import all_rulings, question_rows, standing_rulings
 from daedalus.store.tables import AuditEventRow, DecisionRow
 
 
@@ -66,7 +66,7 @@ def gather_questions(session: Session, since: datetime) -> QuestionsView:
         for event in session.exec(query):
             trail.setdefault(event.ticket_id, {})[event.kind] = event
     view = QuestionsView(rulings=standing_rulings(session))
-    ruled = {ruling.id for ruling in view.rulings}
+    ruled = {ruling.id for ruling in all_rulings(session)}
     for row in rows:
         line = _line(row, trail.get(row.ticket_id, {}), ruled)
         if row.decided_at is None:
@@ -146,7 +146,7 @@ def questions_sections(view: QuestionsView) -> list[Section]:
     if view.rulings:
         table = ["| ruling | rule | ruled by | when |", "|---|---|---|---|"]
         table += [
-            f"| {cell(r.statement)} | {cell(r.rule.describe())} | {cell(r.ruled_by)} | {r.ruled_at:%Y-%m-%d %H:%M} |"
+            f"| {cell(r.statement)} | {cell(describe(r))} | {cell(r.ruled_by)} | {r.ruled_at:%Y-%m-%d %H:%M} |"
             for r in view.rulings
         ]
         table += [

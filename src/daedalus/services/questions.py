@@ -141,6 +141,14 @@ async def ask(
     except ValueError as error:
         raise TicketError(f"question {spec.id}: {error}") from error
     deciders = resolve_deciders(spec, asked_by, policy)
+    if store is not None and spec.revokes:
+        standing_ids = {ruling.id for ruling in await asyncio.to_thread(read_rulings, store)}
+        unknown = [ruling for ruling in spec.revokes if ruling not in standing_ids]
+        if unknown:
+            raise TicketError(
+                f"question {spec.id}: revokes {unknown}, which are not standing rulings (standing: "
+                f"{sorted(standing_ids) or 'none'}; `daedalus rulings` lists them)"
+            )
     if store is not None:
         before = await asyncio.to_thread(_asked_before, store, spec.id)
         if before is not None:

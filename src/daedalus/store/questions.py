@@ -7,14 +7,20 @@ from __future__ import annotations
 from sqlmodel import Session, col, select
 
 from daedalus.decisions.questions import RULING_DETAIL
-from daedalus.decisions.rulings import Ruling
+from daedalus.decisions.rulings import Ruling, standing
 from daedalus.decisions.schemas import DecisionKind
 from daedalus.schemas.audit import AuditKind
 from daedalus.store.tables import AuditEventRow, DecisionRow
 
 
 def standing_rulings(session: Session) -> list[Ruling]:
-    """Every ruling the store holds, oldest first (a question id is never asked twice, so neither is a ruling's)."""
+    """The rulings that stand, oldest first: made (a question id is never asked twice, so neither is a
+    ruling's), with a rule, and not lifted by a later ruling."""
+    return standing(all_rulings(session))
+
+
+def all_rulings(session: Session) -> list[Ruling]:
+    """Every ruling made, oldest first, including those lifted since and those that only lift."""
     query = (
         select(AuditEventRow.detail)
         .where(AuditEventRow.kind == AuditKind.RULED.value)

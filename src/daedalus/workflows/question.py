@@ -24,7 +24,7 @@ with workflow.unsafe.imports_passed_through():
         QuestionStatus,
         WithdrawQuestion,
     )
-    from daedalus.decisions.rulings import Ruling
+    from daedalus.decisions.rulings import Ruling, describe
     from daedalus.decisions.schemas import (
         Decision,
         DecisionKind,
@@ -126,6 +126,8 @@ class QuestionWorkflow:
         evidence = [*([spec.detail] if spec.detail else []), *spec.evidence]
         if spec.rule is not None:
             evidence.append(f"answering {spec.enacts!r} makes a standing ruling: {spec.rule.describe()}")
+        if spec.revokes:
+            evidence.append(f"answering {spec.enacts!r} lifts the standing rulings {', '.join(spec.revokes)}")
         evidence.append(
             f"deadline {spec.deadline:%Y-%m-%d %H:%M} UTC; then "
             + (f"{spec.on_deadline!r} is recorded" if spec.on_deadline else "it expires unanswered")
@@ -148,11 +150,12 @@ class QuestionWorkflow:
             return await self._close_unanswered()
         decision = answer.decision
         self.outcome, self.decided_by, self.note = decision.option, decision.decided_by, decision.note
-        if spec.rule is not None and decision.option == spec.enacts:
+        if spec.enacts is not None and decision.option == spec.enacts:
             self.ruling = Ruling(
                 id=spec.id,
                 statement=spec.statement or spec.question,
                 rule=spec.rule,
+                revokes=list(spec.revokes),
                 ruled_by=decision.decided_by,
                 ruled_at=workflow.now(),
                 note=decision.note,
@@ -160,7 +163,7 @@ class QuestionWorkflow:
             self.state = QuestionState.RULED
             await self.trail.record(
                 AuditKind.RULED,
-                f"{decision.decided_by} ruled: {self.ruling.statement} ({spec.rule.describe()})",
+                f"{decision.decided_by} ruled: {self.ruling.statement} ({describe(self.ruling)})",
                 actor=decision.decided_by,
                 detail={RULING_DETAIL: self.ruling.model_dump_json()},
             )
