@@ -49,6 +49,10 @@ def sections(report: Report, *, with_charts: bool = True) -> list[Section]:
         out.append(_waiting_on_hosts(report))
     if report.campaigns:
         out.append(_campaigns(report, with_charts))
+        from daedalus.report.calibration import calibration_section
+
+        if (calibration := calibration_section(report)) is not None:
+            out.append(calibration)
     if report.training:
         out.append(_training(report, with_charts))
     out += [_decisions(report), _lessons(report)]
