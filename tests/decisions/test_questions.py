@@ -138,7 +138,15 @@ def test_bad_questions_are_refused_with_the_field(change: dict[str, Any], messag
 
 def test_every_example_question_loads() -> None:
     loaded = [questions.load_question(path) for path in sorted(EXAMPLES.glob("*.yaml"))]
-    assert {q.id for q in loaded} == {"dense-models", "forbid-fp8-kv", "fork-backup-remote", "kv-always-tbq"}
+    assert {q.id for q in loaded} == {
+        "dense-models",
+        "forbid-fp8-kv",
+        "fork-backup-remote",
+        "kv-always-tbq",
+        "helper-agents",
+        "gb10-swapoff",
+        "pool-vs-comfyui",
+    }
     assert all(q.deadline > datetime.now(UTC) for q in loaded)
 
 
