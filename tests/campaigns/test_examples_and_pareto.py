@@ -10,6 +10,7 @@ import pytest
 from daedalus.campaigns.cells import cell_preset
 from daedalus.campaigns.pareto import propose
 from daedalus.campaigns.spec import CampaignSpecError, load_campaign
+from daedalus.engines.presets import load_preset
 from daedalus.schemas.campaigns import CampaignCell, CampaignSpec, CellOutcome, CellResult
 from daedalus.schemas.engines import LlamaCppPreset, VllmPreset
 
@@ -28,12 +29,22 @@ def test_campaign_examples_validate_and_every_cell_has_a_preset(path: Path) -> N
             with pytest.raises(ValueError, match="needs flash_attn 'on'"):
                 cell_preset(spec, cell)
             continue
+        base = load_preset(cell.base or spec.base_preset)
+        if (cell.tensor_parallel or 1) > 1 and isinstance(base, LlamaCppPreset):
+            # llama.cpp has no tensor parallelism here: the calibration's llama.cpp TP2 cells say so
+            with pytest.raises(ValueError, match="is a vLLM setting"):
+                cell_preset(spec, cell)
+            continue
         preset = cell_preset(spec, cell)
         if isinstance(preset, LlamaCppPreset):
-            assert preset.cache_type_k == cell.kv and preset.context == cell.context * cell.users
+            assert isinstance(base, LlamaCppPreset)
+            kv = base.cache_type_k if cell.kv == "base" else cell.kv
+            assert preset.cache_type_k == kv and preset.context == cell.context * cell.users
         else:
-            assert isinstance(preset, VllmPreset) and preset.kv_cache_dtype == cell.kv
+            assert isinstance(preset, VllmPreset) and isinstance(base, VllmPreset)
+            assert preset.kv_cache_dtype == (base.kv_cache_dtype if cell.kv == "base" else cell.kv)
             assert preset.max_model_len == cell.context
+            assert preset.tensor_parallel_size == (cell.tensor_parallel or base.tensor_parallel_size)
 
 
 def test_the_benchmarks_matrix_is_2_kv_by_3_contexts_by_2_users() -> None:
