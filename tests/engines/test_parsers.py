@@ -3,7 +3,7 @@
 import pytest
 
 from daedalus.engines.llama_cpp import parse_kv_cache_log
-from daedalus.engines.measure import check_metric
+from daedalus.engines.measure import METRIC_METHODS, NEEDS_BASELINE, RECIPES, check_metric
 from daedalus.engines.quality import garbage, parse_perplexity
 from daedalus.errors import EngineError, UnsupportedMetric
 from daedalus.schemas.engines import GarbageKind
@@ -47,3 +47,17 @@ def test_metrics_the_engine_cannot_produce_are_rejected() -> None:
     with pytest.raises(UnsupportedMetric, match="--baseline-preset"):
         check_metric(Metric.COMPRESSION)
     check_metric(Metric.DECODE_TPS)
+
+
+def test_every_metric_has_one_recipe() -> None:
+    """A new Metric is one entry in RECIPES: its method, what it needs, how it runs (issue 24 item 6)."""
+    assert set(RECIPES) == set(Metric), set(Metric) - set(RECIPES)
+    for metric, recipe in RECIPES.items():
+        assert recipe.method, metric
+        if recipe.run is None:
+            assert recipe.not_measured, (
+                f"{metric.value}: a metric no engine measures says where it comes from"
+            )
+        else:
+            assert metric in METRIC_METHODS
+    assert set(NEEDS_BASELINE) == {Metric.COMPRESSION, Metric.TEMP0_IDENTITY, Metric.PPL_DELTA_PCT}

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from daedalus.cli._common import client, registry, run
-from daedalus.engines import measure as measure_module
+from daedalus.cli.measure import main as measure_main
 from daedalus.engines.bench import Side, benchmark
 from daedalus.engines.llama_build import BACKENDS, Backend, BuildConfig, build_llama_cpp
 from daedalus.engines.measure import build_config_for, ensure_build
@@ -37,7 +37,7 @@ OPERATOR_LEASE_PRIORITY = 50
 """An operator's run queues with a leased step's default: behind a ticket's gates only by arrival, above training."""
 
 app = typer.Typer(add_completion=False, help="Build, launch, benchmark and probe inference engines.")
-app.command("measure", help="Measure one gate metric; prints a GateMeasurement JSON.")(measure_module.main)
+app.command("measure", help="Measure one gate metric; prints a GateMeasurement JSON.")(measure_main)
 console = Console(stderr=True)
 
 

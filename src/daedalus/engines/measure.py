@@ -1,24 +1,19 @@
-"""Gate metrics, measured: each metric a ticket gate may name maps to one benchmark, capacity run or probe.
+"""Gate metrics, measured: each metric a ticket gate may name has one recipe (`RECIPES`): its method, what it
+needs, and the benchmark, capacity run or probe that measures it.
 
-`python -m daedalus.engines.measure <metric> --preset P --model M [--baseline-preset B]` prints one
-`GateMeasurement` JSON on stdout, so a ticket gate's `command` can call it and `gates.verdicts.decide` judges it.
+`daedalus engine measure <metric> --preset P --model M [--baseline-preset B]` (cli/measure.py; also
+`python -m daedalus.engines.measure`) prints one `GateMeasurement` JSON on stdout, so a ticket gate's `command`
+can call it and `gates.verdicts.decide` judges it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import sys
-import time
-import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Any
 
-import structlog
-import typer
-
-from daedalus.engines import startup_clock
 from daedalus.engines.bench import (
     PREEMPTED_REASON,
     Launch,
@@ -29,7 +24,6 @@ from daedalus.engines.bench import (
 )
 from daedalus.engines.capacity import capacity, kv_at, ladder
 from daedalus.engines.gpu import copy_bandwidth, floor_fractions, floor_tps, model_bytes_per_token
-from daedalus.engines.hf_tiny_model import HF_MODELS, ensure_hf_model
 from daedalus.engines.llama_build import CPU, BuildConfig, LlamaBuild, build_llama_cpp, cached_build
 from daedalus.engines.metrics import SEGMENTS
 from daedalus.engines.paths import default_llama_source
@@ -47,7 +41,6 @@ from daedalus.engines.quality import (
     write_corpus,
 )
 from daedalus.engines.runner import launched, launched_together
-from daedalus.engines.tiny_model import MODELS, ensure_model
 from daedalus.engines.vllm import VllmKvCapacity, parse_kv_cache_log, parse_metrics, prefix_caching_problem
 from daedalus.engines.workspace import WorkspaceResult, decode_workspace
 from daedalus.errors import EngineError, UnsupportedMetric
@@ -64,52 +57,7 @@ from daedalus.schemas.engines import (
 )
 from daedalus.schemas.gates import GateMeasurement, Metric, RoundLoad
 
-# How each metric is produced; a metric missing here is one no engine measurement can give.
-METRIC_METHODS: dict[Metric, str] = {
-    Metric.DECODE_TPS: "benchmark: per-round median decode tok/s per user (server timings preferred)",
-    Metric.PREFILL_TPS: "benchmark: per-round median prompt tok/s from server timings",
-    Metric.TTFT_MS: "benchmark: per-round median time to the first streamed chunk with content",
-    Metric.TPOT_MS: "benchmark: per-round median (E2E - TTFT) / (tokens - 1)",
-    Metric.KV_POOL_TOKENS: "engine-reported KV pool at start-up (llama.cpp cells; vLLM's cache_config_info, "
-    "cross-checked with its 'GPU/CPU KV cache size' line)",
-    Metric.MAX_CONCURRENCY: "vLLM's cache_config_info kv_cache_max_concurrency, cross-checked with its start-up "
-    "'Maximum concurrency for L tokens per request' (engine-reported)",
-    Metric.ACCEPTANCE_LENGTH: "benchmark: per round, 1 + accepted / drafts from /metrics deltas (speculative)",
-    Metric.POSITION_ACCEPTANCE: "benchmark: per round, accepted at draft position k / drafts (/metrics deltas)",
-    Metric.COMPRESSION: "capacity: baseline KiB/token / candidate KiB/token (both fitted slopes)",
-    Metric.KIB_PER_TOKEN: "capacity: slope of memory (host RSS; NVML device memory for CUDA presets) over "
-    "several context sizes, with its fit interval",
-    Metric.NEEDLE: "probe: needle in a haystack over depths x lengths (1 per trial found, 0 otherwise)",
-    Metric.TEMP0_IDENTITY: "probe: temp-0 token identity vs the baseline over /v1/completions logprobs, near-tie "
-    "rule, answers kept (1 per probe passing)",
-    Metric.PPL_DELTA_PCT: "probe: llama-perplexity dPPL % vs the baseline preset",
-    Metric.PREEMPTIONS: "benchmark: preempted or deferred requests during the measured rounds",
-    Metric.CONCURRENT_USERS: "ladder, repeated per round: the largest N users served at once, no deferrals",
-    Metric.FLOOR_FRACTION: "benchmark decode tok/s / (measured device copy GB/s / model bytes per token); GPU only",
-    Metric.DECODE_WORKSPACE_MIB: "one user's long request per round: the server process tree's peak RSS during it "
-    "minus the tree's RSS before any request (engines/workspace.py)",
-    Metric.SEGMENT_MS: "benchmark: per round, mean ms per request in one segment (--segment queue, prefill, decode, "
-    "inference or e2e) from vLLM's request histograms (/metrics deltas); every segment kept as evidence",
-}
-NEEDS_BASELINE = {Metric.COMPRESSION, Metric.TEMP0_IDENTITY, Metric.PPL_DELTA_PCT}
-
-
-def check_metric(metric: Metric, *, baseline: bool = False) -> None:
-    """Reject, with the reason, a gate metric no engine measurement produces."""
-    if metric not in METRIC_METHODS:
-        known = ", ".join(m.value for m in METRIC_METHODS)
-        raise UnsupportedMetric(
-            f"metric {metric.value!r} is not produced by an engine measurement; measurable: {known}. "
-            + (
-                "tests_passed comes from the ticket's test command, not an engine."
-                if metric is Metric.TESTS_PASSED
-                else ""
-            )
-        )
-    if metric in NEEDS_BASELINE and not baseline:
-        raise UnsupportedMetric(
-            f"metric {metric.value!r} is measured against a baseline; pass --baseline-preset"
-        )
+Preset = LlamaCppPreset | VllmPreset
 
 
 async def ensure_build(source: Path | None = None, config: BuildConfig = CPU) -> LlamaBuild:
@@ -256,27 +204,6 @@ def capacity_measurement(metric: Metric, cap: CapacityResult, artifact: Path) ->
     )  # fmt: skip
 
 
-BENCH_METRICS = frozenset({
-    Metric.DECODE_TPS, Metric.PREFILL_TPS, Metric.TTFT_MS, Metric.TPOT_MS, Metric.PREEMPTIONS,
-    Metric.ACCEPTANCE_LENGTH, Metric.POSITION_ACCEPTANCE, Metric.SEGMENT_MS,
-})  # fmt: skip
-LLAMA_ONLY = {
-    Metric.KIB_PER_TOKEN: "KiB/token is a slope of host RSS over context sizes; on vLLM read kv_pool_tokens",
-    Metric.COMPRESSION: "compression compares two KiB/token slopes; on vLLM compare kv_pool_tokens of two presets",
-    Metric.CONCURRENT_USERS: "the ladder sets llama.cpp slots; on vLLM gate max_concurrency or preemptions",
-    Metric.PPL_DELTA_PCT: "dPPL runs llama-perplexity on GGUF weights",
-}
-
-
-def default_workdir(metric: Metric) -> Path:
-    """Under the artifact directory (DAEDALUS_ARTIFACTS, or .daedalus/artifacts), never /tmp: a verdict points
-    at its raw data, and that data must outlive the measuring process."""
-    from daedalus.config import Settings
-
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    return Settings().artifact_dir / "measurements" / f"{stamp}-{metric.value}-{uuid.uuid4().hex[:8]}"
-
-
 def residency(preset: LlamaCppPreset | VllmPreset, baseline: LlamaCppPreset | VllmPreset) -> ABResidency:
     """Both servers up at once only when both presets say they fit together; otherwise alternate."""
     both = preset.residency is ABResidency.CONCURRENT and baseline.residency is ABResidency.CONCURRENT
@@ -288,47 +215,36 @@ async def measure(
     preset_ref: str,
     model_ref: str | Path,
     *,
+    workdir: Path,
     baseline_ref: str | None = None,
     workload: Workload | None = None,
-    workdir: Path | None = None,
     position: int = 1,
     probes: int = SEED_PROBE_COUNT,
     segment: str = "decode",
 ) -> GateMeasurement:
-    """Run whatever produces `metric` and return it as a gate measurement, with its provenance."""
+    """Run whatever produces `metric` (its recipe) and return it as a gate measurement, with its provenance.
+    `workdir` holds the raw data the verdict points at: under the artifact directory, never /tmp."""
     check_metric(metric, baseline=baseline_ref is not None)
+    recipe = RECIPES[metric]
     preset = load_preset(preset_ref)
     baseline = load_preset(baseline_ref) if baseline_ref else None
+    if recipe.refuse is not None and (problem := recipe.refuse(preset, baseline, segment)):
+        raise UnsupportedMetric(problem)
     presets = [p for p in (preset, baseline) if p is not None]
-    if metric in LLAMA_ONLY and any(isinstance(p, VllmPreset) for p in presets):
-        raise UnsupportedMetric(f"{metric.value} is measured on llama.cpp presets: {LLAMA_ONLY[metric]}")
-    if metric is Metric.SEGMENT_MS and not isinstance(preset, VllmPreset):
-        raise UnsupportedMetric("segment_ms reads vLLM's request histograms; on llama.cpp gate its own timings "
-                                "(prefill_tps, decode_tps, ttft_ms)")  # fmt: skip
-    if metric is Metric.SEGMENT_MS and segment not in SEGMENTS:
-        raise UnsupportedMetric(f"--segment {segment!r} is not one of vLLM's: {', '.join(SEGMENTS)}")
-    if metric is Metric.MAX_CONCURRENCY and not isinstance(preset, VllmPreset):
-        raise UnsupportedMetric("max_concurrency is vLLM's start-up report; llama.cpp prints no such figure")
-    if metric is Metric.FLOOR_FRACTION and not (
-        isinstance(preset, LlamaCppPreset) and preset.backend == "cuda"
-    ):
-        raise UnsupportedMetric(f"floor_fraction is a GPU metric: preset {preset.name} does not run on CUDA "
-                                "(set backend: cuda and n_gpu_layers, as examples/presets/gpu-*.yaml do)")  # fmt: skip
     model = resolve_model(str(model_ref), presets)
-    workdir = (workdir or default_workdir(metric)).resolve()
+    workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     needs_llama = any(isinstance(p, LlamaCppPreset) for p in presets)
     build = await ensure_build(config=build_config_for(preset, baseline)) if needs_llama else None
     workload = workload or Workload()
     made = provenance(preset_ref, preset, model, build=build, artifacts=workdir, baseline=baseline,
-                      workload=workload if metric in BENCH_METRICS else None,
+                      workload=workload if recipe.bench else None,
                       extra={"position": str(position)} if metric is Metric.POSITION_ACCEPTANCE
                       else {"segment": segment} if metric is Metric.SEGMENT_MS else None)  # fmt: skip
     (workdir / "provenance.json").write_text(made.model_dump_json(indent=2))
-    measured = await _measure(
-        metric, preset, baseline, model, workdir, build, workload, position, probes, segment
-    )
-    measured = measured.model_copy(update={"provenance": made})
+    assert recipe.run is not None  # check_metric refused a metric no recipe runs
+    job = Job(metric, preset, baseline, model, workdir, build, workload, position, probes, segment)
+    measured = (await recipe.run(job)).model_copy(update={"provenance": made})
     (workdir / "measurement.json").write_text(measured.model_dump_json(indent=2))
     return measured
 
@@ -376,109 +292,136 @@ def _launch(
     return lambda: launched(preset, model, workdir / f"{preset.name}-start{next(starts)}", build=build)
 
 
-async def _measure(
-    metric: Metric,
-    preset: LlamaCppPreset | VllmPreset,
-    baseline: LlamaCppPreset | VllmPreset | None,
-    model: Path,
-    workdir: Path,
-    build: LlamaBuild | None,
-    workload: Workload,
-    position: int,
-    probes: int,
-    segment: str = "decode",
-) -> GateMeasurement:
-    if metric is Metric.FLOOR_FRACTION:
-        return await _floor_fraction(preset, model, workload, workdir, build)
-    if metric in BENCH_METRICS:
-        bench = await bench_presets(preset, baseline, model, workdir, build=build, workload=workload,
-                                    run_id=workdir.name)  # fmt: skip
-        artifact = workdir / "bench.json"
-        artifact.write_text(bench.model_dump_json(indent=2))
-        return _from_bench(metric, bench, artifact, position=position, segment=segment)
+@dataclass(frozen=True)
+class Job:
+    """What a recipe measures with: the presets as loaded, the model, the build, the workload and options."""
 
-    if metric is Metric.DECODE_WORKSPACE_MIB:
-        async with launched(preset, model, workdir / "workspace", build=build) as server:
-            used = await decode_workspace(server, workload.model_copy(update={"users": [1]}))
-            log_text, metrics_text = server.log_text(), await asyncio.to_thread(server.metrics_text)
-        return workspace_measurement(used, preset, log_text, metrics_text, workdir)
+    metric: Metric
+    preset: Preset
+    baseline: Preset | None
+    model: Path
+    workdir: Path
+    build: LlamaBuild | None
+    workload: Workload
+    position: int = 1
+    probes: int = SEED_PROBE_COUNT
+    segment: str = "decode"
 
-    if metric in (Metric.KV_POOL_TOKENS, Metric.MAX_CONCURRENCY) and isinstance(preset, VllmPreset):
-        async with launched(preset, model, workdir / "capacity", build=build) as server:
-            log_text = server.log_text()
-            metrics_text = await asyncio.to_thread(server.metrics_text)
-        return vllm_capacity_measurement(metric, log_text, metrics_text, server.log_path)
 
-    if metric is Metric.NEEDLE:
-        async with launched(preset, model, workdir / "needle", build=build) as server:
-            needle = await needle_probe(server)
-        artifact = workdir / "needle.json"
-        artifact.write_text(needle.model_dump_json(indent=2))
-        low, high = clopper_pearson(needle.found, needle.total)
-        return GateMeasurement(samples=[1.0 if t.found else 0.0 for t in needle.trials], unit="found",
-                               method="needle string match",
-                               evidence={"k/n": f"{needle.found}/{needle.total}", "artifact": str(artifact),
-                                         "clopper_pearson_90": f"[{low:.3f}, {high:.3f}]"})  # fmt: skip
+async def _benchmarked(job: Job) -> GateMeasurement:
+    bench = await bench_presets(job.preset, job.baseline, job.model, job.workdir, build=job.build,
+                                workload=job.workload, run_id=job.workdir.name)  # fmt: skip
+    artifact = job.workdir / "bench.json"
+    artifact.write_text(bench.model_dump_json(indent=2))
+    return _from_bench(job.metric, bench, artifact, position=job.position, segment=job.segment)
 
-    if metric is Metric.TEMP0_IDENTITY:
-        assert baseline is not None
-        probe_set = identity_probes(probes)
-        if residency(preset, baseline) is ABResidency.ALTERNATE:
-            # Identity needs no pairing in time: all candidate streams first, then all baseline streams.
-            async with launched(preset, model, workdir / "candidate", build=build) as cand_server:
-                cand_streams = await greedy_streams(cand_server, probe_set)
-            async with launched(baseline, model, workdir / "baseline", build=build) as base_server:
-                base_streams = await greedy_streams(base_server, probe_set)
-            judgements = [
-                judge_identity(p, c, b) for p, c, b in zip(probe_set, cand_streams, base_streams, strict=True)
-            ]
-            t0 = identity_result(preset.name, baseline.name, judgements)
-        else:
-            async with launched_together((preset, model, workdir / "candidate"),
-                                         (baseline, model, workdir / "baseline"), build=build) as servers:  # fmt: skip
-                t0 = await temp0_identity(servers[0], servers[1], probes=probe_set)
-        artifact = workdir / "temp0_identity.json"
-        artifact.write_text(t0.model_dump_json(indent=2))
-        return GateMeasurement(samples=[1.0 if j.passed else 0.0 for j in t0.judgements], unit="probes passing",
-                               method=f"temp-0 identity over {t0.prompts} probes, near-tie gap < 0.25, answers kept",
-                               evidence={"detail": t0.detail, "artifact": str(artifact)})  # fmt: skip
 
-    # What is left runs llama.cpp's own tools on GGUF weights.
-    assert build is not None and isinstance(preset, LlamaCppPreset)
-    if metric in (Metric.KIB_PER_TOKEN, Metric.COMPRESSION, Metric.KV_POOL_TOKENS):
-        if metric is Metric.KV_POOL_TOKENS:
-            at_preset = await kv_at(preset, model, workdir, build)
-            cap = CapacityResult(preset=preset.name, measurements=[at_preset], kib_per_token=0.0,
-                                 pool_tokens=at_preset.pool_tokens)  # fmt: skip
-        else:
-            assert baseline is None or isinstance(baseline, LlamaCppPreset)
-            cap = await capacity(preset, model, workdir, build, baseline=baseline)
-        artifact = workdir / "capacity.json"
-        artifact.write_text(cap.model_dump_json(indent=2))
-        return capacity_measurement(metric, cap, artifact)
-    if metric is Metric.CONCURRENT_USERS:
-        # Each repetition of the ladder is one sample: the largest N served at once with no deferral.
-        samples: list[float] = []
-        evidence: dict[str, str] = {}
-        for rep in range(workload.rounds):
-            steps = await ladder(preset, model, workdir / f"ladder-rep{rep}", build,
-                                 users=tuple(workload.users) if workload.users != [1] else (1, 2, 4))  # fmt: skip
-            passed = [s.users for s in steps if s.passed]
-            samples.append(float(max(passed) if passed else 0))
-            evidence |= {f"rep{rep} users={s.users}": "pass" if s.passed else s.detail for s in steps}
-        return GateMeasurement(samples=samples, unit="users", method=f"ladder, {workload.rounds} repetitions",
-                               evidence=evidence)  # fmt: skip
-    if metric is Metric.PPL_DELTA_PCT:
-        assert isinstance(baseline, LlamaCppPreset)
-        corpus = write_corpus(workdir / "corpus.txt")
-        ppl = await perplexity_delta(build, preset, baseline, model, corpus, workdir)
-        return GateMeasurement(samples=[ppl.delta_pct or 0.0], unit="%",
-                               method="llama-perplexity dPPL; error: both runs' +/- in quadrature",
-                               standard_error=ppl.delta_err_pct,
-                               evidence={"ppl": f"{ppl.ppl} +/- {ppl.ppl_err}",
-                                         "baseline_ppl": f"{ppl.baseline_ppl} +/- {ppl.baseline_ppl_err}",
-                                         "delta_err_pct": f"{ppl.delta_err_pct}"})  # fmt: skip
-    raise UnsupportedMetric(f"metric {metric.value!r} has no measurement")
+async def _workspace(job: Job) -> GateMeasurement:
+    async with launched(job.preset, job.model, job.workdir / "workspace", build=job.build) as server:
+        used = await decode_workspace(server, job.workload.model_copy(update={"users": [1]}))
+        log_text, metrics_text = server.log_text(), await asyncio.to_thread(server.metrics_text)
+    return workspace_measurement(used, job.preset, log_text, metrics_text, job.workdir)
+
+
+async def _vllm_capacity(job: Job) -> GateMeasurement:
+    async with launched(job.preset, job.model, job.workdir / "capacity", build=job.build) as server:
+        log_text = server.log_text()
+        metrics_text = await asyncio.to_thread(server.metrics_text)
+    return vllm_capacity_measurement(job.metric, log_text, metrics_text, server.log_path)
+
+
+async def _kv_pool(job: Job) -> GateMeasurement:
+    """vLLM's reported pool, or llama.cpp's KV cells at start-up."""
+    if isinstance(job.preset, VllmPreset):
+        return await _vllm_capacity(job)
+    assert job.build is not None
+    at_preset = await kv_at(job.preset, job.model, job.workdir, job.build)
+    cap = CapacityResult(preset=job.preset.name, measurements=[at_preset], kib_per_token=0.0,
+                         pool_tokens=at_preset.pool_tokens)  # fmt: skip
+    return _capacity_artifact(job, cap)
+
+
+async def _capacity(job: Job) -> GateMeasurement:
+    assert job.build is not None and isinstance(job.preset, LlamaCppPreset)
+    assert job.baseline is None or isinstance(job.baseline, LlamaCppPreset)
+    cap = await capacity(job.preset, job.model, job.workdir, job.build, baseline=job.baseline)
+    return _capacity_artifact(job, cap)
+
+
+def _capacity_artifact(job: Job, cap: CapacityResult) -> GateMeasurement:
+    artifact = job.workdir / "capacity.json"
+    artifact.write_text(cap.model_dump_json(indent=2))
+    return capacity_measurement(job.metric, cap, artifact)
+
+
+async def _needle(job: Job) -> GateMeasurement:
+    async with launched(job.preset, job.model, job.workdir / "needle", build=job.build) as server:
+        needle = await needle_probe(server)
+    artifact = job.workdir / "needle.json"
+    artifact.write_text(needle.model_dump_json(indent=2))
+    low, high = clopper_pearson(needle.found, needle.total)
+    return GateMeasurement(samples=[1.0 if t.found else 0.0 for t in needle.trials], unit="found",
+                           method="needle string match",
+                           evidence={"k/n": f"{needle.found}/{needle.total}", "artifact": str(artifact),
+                                     "clopper_pearson_90": f"[{low:.3f}, {high:.3f}]"})  # fmt: skip
+
+
+async def _temp0_identity(job: Job) -> GateMeasurement:
+    preset, baseline, model, build, workdir = job.preset, job.baseline, job.model, job.build, job.workdir
+    assert baseline is not None
+    probe_set = identity_probes(job.probes)
+    if residency(preset, baseline) is ABResidency.ALTERNATE:
+        # Identity needs no pairing in time: all candidate streams first, then all baseline streams.
+        async with launched(preset, model, workdir / "candidate", build=build) as cand_server:
+            cand_streams = await greedy_streams(cand_server, probe_set)
+        async with launched(baseline, model, workdir / "baseline", build=build) as base_server:
+            base_streams = await greedy_streams(base_server, probe_set)
+        judgements = [
+            judge_identity(p, c, b) for p, c, b in zip(probe_set, cand_streams, base_streams, strict=True)
+        ]
+        t0 = identity_result(preset.name, baseline.name, judgements)
+    else:
+        async with launched_together((preset, model, workdir / "candidate"),
+                                     (baseline, model, workdir / "baseline"), build=build) as servers:  # fmt: skip
+            t0 = await temp0_identity(servers[0], servers[1], probes=probe_set)
+    artifact = workdir / "temp0_identity.json"
+    artifact.write_text(t0.model_dump_json(indent=2))
+    return GateMeasurement(samples=[1.0 if j.passed else 0.0 for j in t0.judgements], unit="probes passing",
+                           method=f"temp-0 identity over {t0.prompts} probes, near-tie gap < 0.25, answers kept",
+                           evidence={"detail": t0.detail, "artifact": str(artifact)})  # fmt: skip
+
+
+async def _concurrent_users(job: Job) -> GateMeasurement:
+    """Each repetition of the ladder is one sample: the largest N served at once with no deferral."""
+    assert job.build is not None and isinstance(job.preset, LlamaCppPreset)
+    workload = job.workload
+    samples: list[float] = []
+    evidence: dict[str, str] = {}
+    for rep in range(workload.rounds):
+        steps = await ladder(job.preset, job.model, job.workdir / f"ladder-rep{rep}", job.build,
+                             users=tuple(workload.users) if workload.users != [1] else (1, 2, 4))  # fmt: skip
+        passed = [s.users for s in steps if s.passed]
+        samples.append(float(max(passed) if passed else 0))
+        evidence |= {f"rep{rep} users={s.users}": "pass" if s.passed else s.detail for s in steps}
+    return GateMeasurement(samples=samples, unit="users", method=f"ladder, {workload.rounds} repetitions",
+                           evidence=evidence)  # fmt: skip
+
+
+async def _ppl_delta(job: Job) -> GateMeasurement:
+    assert job.build is not None and isinstance(job.preset, LlamaCppPreset)
+    assert isinstance(job.baseline, LlamaCppPreset)
+    corpus = write_corpus(job.workdir / "corpus.txt")
+    ppl = await perplexity_delta(job.build, job.preset, job.baseline, job.model, corpus, job.workdir)
+    return GateMeasurement(samples=[ppl.delta_pct or 0.0], unit="%",
+                           method="llama-perplexity dPPL; error: both runs' +/- in quadrature",
+                           standard_error=ppl.delta_err_pct,
+                           evidence={"ppl": f"{ppl.ppl} +/- {ppl.ppl_err}",
+                                     "baseline_ppl": f"{ppl.baseline_ppl} +/- {ppl.baseline_ppl_err}",
+                                     "delta_err_pct": f"{ppl.delta_err_pct}"})  # fmt: skip
+
+
+async def _floor(job: Job) -> GateMeasurement:
+    return await _floor_fraction(job.preset, job.model, job.workload, job.workdir, job.build)
 
 
 def workspace_measurement(
@@ -589,66 +532,167 @@ async def _floor_fraction(
     })  # fmt: skip
 
 
-app = typer.Typer(add_completion=False, help="Measure one gate metric and print a GateMeasurement JSON.")
+Refusal = Callable[[Preset, Preset | None, str], "str | None"]
+"""Why a recipe cannot measure on these presets (and segment), or None: checked before anything starts."""
 
 
-@app.command()
-def main(
-    metric: Annotated[Metric, typer.Argument(help="the gate metric")],
-    preset: Annotated[str, typer.Option(help="preset name (examples/presets) or YAML path")],
-    model: Annotated[
-        str,
-        typer.Option(
-            help="a GGUF file, a tiny model name (tiny, small, medium), or for vLLM a Hugging Face model "
-            "directory or id, or tiny-llama (a random-weight Llama written with the vLLM environment)"
+@dataclass(frozen=True)
+class Recipe:
+    """How one metric is measured: the method a verdict states, what it needs, and the coroutine that runs it.
+    A metric without `run` is one no engine measurement produces (`not_measured` says where it comes from)."""
+
+    method: str
+    run: Callable[[Job], Awaitable[GateMeasurement]] | None
+    needs_baseline: bool = False
+    bench: bool = False
+    """A benchmark series: its workload is part of the measurement's provenance."""
+    refuse: Refusal | None = None
+    not_measured: str = ""
+
+
+def _llama_only(metric: Metric, why: str) -> Refusal:
+    def refuse(preset: Preset, baseline: Preset | None, segment: str) -> str | None:
+        if any(isinstance(p, VllmPreset) for p in (preset, baseline)):
+            return f"{metric.value} is measured on llama.cpp presets: {why}"
+        return None
+
+    return refuse
+
+
+def _segment_refusal(preset: Preset, baseline: Preset | None, segment: str) -> str | None:
+    if not isinstance(preset, VllmPreset):
+        return ("segment_ms reads vLLM's request histograms; on llama.cpp gate its own timings (prefill_tps, "
+                "decode_tps, ttft_ms)")  # fmt: skip
+    if segment not in SEGMENTS:
+        return f"--segment {segment!r} is not one of vLLM's: {', '.join(SEGMENTS)}"
+    return None
+
+
+def _vllm_only(preset: Preset, baseline: Preset | None, segment: str) -> str | None:
+    if not isinstance(preset, VllmPreset):
+        return "max_concurrency is vLLM's start-up report; llama.cpp prints no such figure"
+    return None
+
+
+def _cuda_only(preset: Preset, baseline: Preset | None, segment: str) -> str | None:
+    if isinstance(preset, LlamaCppPreset) and preset.backend == "cuda":
+        return None
+    return (f"floor_fraction is a GPU metric: preset {preset.name} does not run on CUDA (set backend: cuda and "
+            "n_gpu_layers, as examples/presets/gpu-*.yaml do)")  # fmt: skip
+
+
+def _bench(method: str, **extra: Any) -> Recipe:
+    return Recipe(method=f"benchmark: {method}", run=_benchmarked, bench=True, **extra)
+
+
+RECIPES: dict[Metric, Recipe] = {
+    Metric.DECODE_TPS: _bench("per-round median decode tok/s per user (server timings preferred)"),
+    Metric.PREFILL_TPS: _bench("per-round median prompt tok/s from server timings"),
+    Metric.TTFT_MS: _bench("per-round median time to the first streamed chunk with content"),
+    Metric.TPOT_MS: _bench("per-round median (E2E - TTFT) / (tokens - 1)"),
+    Metric.PREEMPTIONS: _bench("preempted or deferred requests during the measured rounds"),
+    Metric.ACCEPTANCE_LENGTH: _bench("per round, 1 + accepted / drafts from /metrics deltas (speculative)"),
+    Metric.POSITION_ACCEPTANCE: _bench("per round, accepted at draft position k / drafts (/metrics deltas)"),
+    Metric.SEGMENT_MS: _bench(
+        "per round, mean ms per request in one segment (--segment queue, prefill, decode, inference or e2e) from "
+        "vLLM's request histograms (/metrics deltas); every segment kept as evidence",
+        refuse=_segment_refusal,
+    ),
+    Metric.KV_POOL_TOKENS: Recipe(
+        "engine-reported KV pool at start-up (llama.cpp cells; vLLM's cache_config_info, cross-checked with its "
+        "'GPU/CPU KV cache size' line)",
+        run=_kv_pool,
+    ),
+    Metric.MAX_CONCURRENCY: Recipe(
+        "vLLM's cache_config_info kv_cache_max_concurrency, cross-checked with its start-up 'Maximum concurrency "
+        "for L tokens per request' (engine-reported)",
+        run=_vllm_capacity,
+        refuse=_vllm_only,
+    ),
+    Metric.COMPRESSION: Recipe(
+        "capacity: baseline KiB/token / candidate KiB/token (both fitted slopes)",
+        run=_capacity,
+        needs_baseline=True,
+        refuse=_llama_only(
+            Metric.COMPRESSION,
+            "compression compares two KiB/token slopes; on vLLM compare kv_pool_tokens of two presets",
         ),
-    ],
-    baseline_preset: Annotated[
-        str | None, typer.Option(help="baseline preset for A/B and relative metrics")
-    ] = None,
-    users: Annotated[int, typer.Option(min=1)] = 1,
-    rounds: Annotated[int, typer.Option(min=1)] = 7,
-    max_tokens: Annotated[int, typer.Option(min=2)] = 64,
-    prompt_words: Annotated[int, typer.Option(min=1)] = 32,
-    position: Annotated[
-        int, typer.Option(min=1, help="position_acceptance: the draft position, 1-based")
-    ] = 1,
-    probes: Annotated[
-        int, typer.Option(min=1, help="temp0_identity: probe prompts (the seed's 6d: 60)")
-    ] = 60,
-    segment: Annotated[
-        str,
-        typer.Option(help="segment_ms: queue, prefill, decode, inference or e2e (vLLM's request histograms)"),
-    ] = "decode",
-    workdir: Annotated[
-        Path | None, typer.Option(help="artifacts; default under the artifact directory")
-    ] = None,
-) -> None:
-    # stdout carries exactly one JSON object; logs go to stderr.
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
-    # Run as a gate, its engines' start-ups are timed apart from its measuring (engines/startup_clock.py).
-    clock = os.environ.get(startup_clock.STARTUP_CLOCK_ENV)
-    startup_clock.configure(Path(clock) if clock else None)
-    workload = Workload(users=[users], rounds=rounds, max_tokens=max_tokens, prompt_words=prompt_words)
-    try:
-        model_ref = (
-            str(ensure_model(model))
-            if model in MODELS
-            else str(ensure_hf_model(model))
-            if model in HF_MODELS
-            else model
+    ),
+    Metric.KIB_PER_TOKEN: Recipe(
+        "capacity: slope of memory (host RSS; NVML device memory for CUDA presets) over several context sizes, "
+        "with its fit interval",
+        run=_capacity,
+        refuse=_llama_only(
+            Metric.KIB_PER_TOKEN,
+            "KiB/token is a slope of host RSS over context sizes; on vLLM read kv_pool_tokens",
+        ),
+    ),
+    Metric.NEEDLE: Recipe(
+        "probe: needle in a haystack over depths x lengths (1 per trial found, 0 otherwise)", run=_needle
+    ),
+    Metric.TEMP0_IDENTITY: Recipe(
+        "probe: temp-0 token identity vs the baseline over /v1/completions logprobs, near-tie rule, answers kept "
+        "(1 per probe passing)",
+        run=_temp0_identity,
+        needs_baseline=True,
+    ),
+    Metric.PPL_DELTA_PCT: Recipe(
+        "probe: llama-perplexity dPPL % vs the baseline preset",
+        run=_ppl_delta,
+        needs_baseline=True,
+        refuse=_llama_only(Metric.PPL_DELTA_PCT, "dPPL runs llama-perplexity on GGUF weights"),
+    ),
+    Metric.CONCURRENT_USERS: Recipe(
+        "ladder, repeated per round: the largest N users served at once, no deferrals",
+        run=_concurrent_users,
+        refuse=_llama_only(
+            Metric.CONCURRENT_USERS,
+            "the ladder sets llama.cpp slots; on vLLM gate max_concurrency or preemptions",
+        ),
+    ),
+    Metric.FLOOR_FRACTION: Recipe(
+        "benchmark decode tok/s / (measured device copy GB/s / model bytes per token); GPU only",
+        run=_floor,
+        bench=True,
+        refuse=_cuda_only,
+    ),
+    Metric.DECODE_WORKSPACE_MIB: Recipe(
+        "one user's long request per round: the server process tree's peak RSS during it minus the tree's RSS "
+        "before any request (engines/workspace.py)",
+        run=_workspace,
+    ),
+    Metric.TESTS_PASSED: Recipe(
+        "the ticket's test command",
+        run=None,
+        not_measured="tests_passed comes from the ticket's test command, not an engine.",
+    ),
+}
+"""One recipe per metric: a new metric is one entry here (tests/engines/test_parsers.py holds every Metric to one)."""
+
+METRIC_METHODS: dict[Metric, str] = {m: r.method for m, r in RECIPES.items() if r.run is not None}
+"""How each metric an engine measurement produces is measured."""
+BENCH_METRICS = frozenset(m for m, r in RECIPES.items() if r.bench and r.run is _benchmarked)
+NEEDS_BASELINE = frozenset(m for m, r in RECIPES.items() if r.needs_baseline)
+
+
+def check_metric(metric: Metric, *, baseline: bool = False) -> None:
+    """Reject, with the reason, a gate metric no engine measurement produces, or one missing its baseline."""
+    recipe = RECIPES[metric]
+    if recipe.run is None:
+        known = ", ".join(METRIC_METHODS)
+        raise UnsupportedMetric(
+            f"metric {metric.value!r} is not produced by an engine measurement; measurable: {known}. "
+            + recipe.not_measured
         )
-        result = asyncio.run(measure(metric, preset, model_ref, baseline_ref=baseline_preset, workload=workload,
-                                     workdir=workdir, position=position, probes=probes, segment=segment))  # fmt: skip
-    except EngineError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    sys.stdout.write(json.dumps(result.model_dump(mode="json")) + "\n")
+    if recipe.needs_baseline and not baseline:
+        raise UnsupportedMetric(
+            f"metric {metric.value!r} is measured against a baseline; pass --baseline-preset"
+        )
 
 
 if __name__ == "__main__":
-    from daedalus.config import Settings
-    from daedalus.engines import paths
+    # `python -m daedalus.engines.measure ...`, as gate commands written before `daedalus engine measure` call it:
+    # the command itself lives with the CLI (cli/measure.py); run by name, so this library does not import it.
+    import runpy
 
-    paths.configure(Settings.load().engines)  # `python -m` is an entry point of its own
-    app()
+    runpy.run_module("daedalus.cli.measure", run_name="__main__", alter_sys=True)
