@@ -90,6 +90,22 @@ def test_the_benchmarks_matrix_is_2_kv_by_3_contexts_by_2_users() -> None:
             "rounds: 1000000\n",
             "rounds: Input should be less than or equal to 50",
         ),
+        # the calibration's axes: base presets (the campaign's own among them) and tensor-parallel ranks
+        (
+            "id: x\ntitle: t\nhost: h\nbase_preset: p\nmodel: tiny\n"
+            "axes: {preset: [local-f16, vllm-cpu-ar], kv: [base], context: [64]}\nbaseline_kv: base\n",
+            "base_preset 'p' is not among axes.preset",
+        ),
+        (
+            "id: x\ntitle: t\nhost: h\nbase_preset: p\nmodel: tiny\n"
+            "axes: {kv: [f16], context: [64], tensor_parallel: [0]}\n",
+            "tensor_parallel ranks must be 1..64",
+        ),
+        (
+            "id: x\ntitle: t\nhost: h\nbase_preset: p\nmodel: tiny\nmodels: {sglang: m}\n"
+            "axes: {kv: [f16], context: [64]}\n",
+            "models.sglang",
+        ),
     ],
 )
 def test_bad_campaign_files_say_what_is_wrong(tmp_path: Path, text: str, message: str) -> None:
