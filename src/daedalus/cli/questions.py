@@ -130,6 +130,7 @@ def show(question_id: str) -> None:
         from daedalus.decisions.rulings import describe
 
         lines.append(f"ruling: {state.ruling.label()}: {describe(state.ruling)}")
+    lines.append(f"its audit trail: daedalus audit --ticket question:{state.question_id}")
     console.print(for_terminal("\n".join(lines)), highlight=False)
 
 
