@@ -2,7 +2,7 @@
 
 The fork's turbo kernels do not run on this machine: a stock llama.cpp build refuses turbo2/turbo3. What runs: the
 auto-asymmetric trap refused wherever a turbo preset enters (a preset, a campaign at filing), the GPU spec's seed
-figures, local-7's gates measured on the real CPU build and judged by the gates' rules, and the KV-type matrix
+figures, local-7 end to end on the real dev server and the real CPU build, its gates confined, and the KV-type matrix
 campaign with its turbo cells reported as not runnable on this build (INVALID with the reason), never as crashes.
 """
 
@@ -13,18 +13,23 @@ from pathlib import Path
 
 import pytest
 import yaml
+from sqlalchemy import Engine
+from temporalio.client import Client
 
 from daedalus.campaigns.cells import measure_cell
 from daedalus.campaigns.spec import CampaignSpecError, load_campaign
-from daedalus.engines.measure import measure
+from daedalus.cli.demo import demo_repo_template, with_demo_repo
 from daedalus.engines.presets import load_preset, parse_preset
-from daedalus.engines.tiny_model import ensure_model
 from daedalus.errors import PresetError
 from daedalus.gates.verdicts import decide
 from daedalus.schemas.campaigns import CampaignSpec, CellOutcome
-from daedalus.schemas.engines import LlamaCppPreset, Workload
+from daedalus.schemas.engines import LlamaCppPreset
 from daedalus.schemas.gates import Verdict
+from daedalus.schemas.ticket import Decision, DecisionKind, TicketStatus
 from daedalus.services import load_spec
+from daedalus.workflows.ticket import TicketWorkflow
+from tests.support import running_workers, start_ticket, wait_for
+from tests.ticket_helpers import host_of
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -97,24 +102,56 @@ def test_seed_7_gpu_spec_carries_the_seeds_figures() -> None:
 
 @pytest.mark.llama
 @pytest.mark.timeout(900)
-async def test_seed_7_local_gates_measure_on_the_stock_cpu_build(tmp_path: Path) -> None:
-    """Every gate of local-7 measured as its command says, on the real llama.cpp CPU build, judged by the gates'
-    rules: a valid verdict for each (whatever it is), never INVALID."""
+async def test_seed_7_local_ticket_runs_end_to_end_on_the_stock_cpu_build(
+    temporal_client: Client, sqlite_engine: Engine, tmp_path: Path, task_queue: str
+) -> None:
+    """local-7 as `daedalus demo --ticket` runs it: the real dev server and workers, every gate confined and measured
+    on the real llama.cpp CPU build. The outcome is whatever the measurements say: PASS only if every gate passed,
+    otherwise the decider is asked and fails it on the evidence; no gate's measurement broke (INVALID), and each
+    verdict is re-derived from what it stores."""
     spec = load_spec(EXAMPLES / "tickets" / "local-7.yaml")
-    for gate in spec.gates:
-        options = _options(gate.command)
-        workload = Workload(
-            rounds=int(options.get("--rounds", 7)), max_tokens=int(options.get("--max-tokens", 64))
+    host = host_of(task_queue)
+    spec = with_demo_repo(spec, tmp_path / "home", demo_repo_template(spec)).changed(host=host)
+    async with running_workers(temporal_client, sqlite_engine, tmp_path, task_queue, host):
+        handle = await start_ticket(temporal_client, spec, task_queue)
+        state = await wait_for(
+            handle, lambda s: s.status.is_closed or s.pending_decision is not None, timeout=120
         )
-        measured = await measure(gate.metric, options["--preset"], ensure_model(options["--model"]),
-                                 baseline_ref=options.get("--baseline-preset"), workload=workload,
-                                 workdir=tmp_path / gate.name)  # fmt: skip
-        verdict = decide(gate, measured)
-        print(f"\nlocal-7 {gate.name}: {verdict.verdict.value} — {verdict.reason}", file=sys.stderr)
-        assert verdict.verdict is not Verdict.INVALID, (gate.name, verdict.reason)
-        assert measured.samples and all(s == s for s in measured.samples), measured.samples
-        if gate.metric.value == "compression":
-            assert measured.samples[0] > 1.0, (gate.name, measured.samples)  # low-bit KV is smaller than f16
+        if state.pending_decision is not None and state.pending_decision.kind is DecisionKind.DISPATCH:
+            await handle.execute_update(
+                TicketWorkflow.decide,
+                Decision(request_id=state.pending_decision.id, option="approve", decided_by="wayne"),
+            )
+            state = await wait_for(
+                handle, lambda s: s.status.is_closed or s.pending_decision is not None, timeout=800
+            )
+        [attempt] = state.attempts
+        results = {r.gate: r for r in attempt.gate_results}
+        assert list(results) == [g.name for g in spec.gates], attempt.detail
+        for gate in spec.gates:
+            result = results[gate.name]
+            print(f"\nlocal-7 {gate.name}: {result.verdict.value} — {result.reason}", file=sys.stderr)
+            assert result.verdict is not Verdict.INVALID, f"{gate.name}: {result.reason}"
+            assert result.gate_spec is not None and result.measurement is not None
+            assert decide(result.gate_spec, result.measurement).verdict is result.verdict
+            if gate.metric.value == "compression":
+                assert result.median is not None and result.median > 1.0, (
+                    result
+                )  # low-bit KV is smaller than f16
+        if all(r.verdict is Verdict.PASS for r in results.values()):
+            assert state.status is TicketStatus.PASSED
+        else:
+            request = state.pending_decision
+            assert request is not None and request.kind is DecisionKind.ESCALATION, state.status
+            await handle.execute_update(
+                TicketWorkflow.decide,
+                Decision(
+                    request_id=request.id, option="fail", decided_by="wayne", note="not every gate passed"
+                ),
+            )
+            state = await handle.result()
+            assert state.status is TicketStatus.FAILED
+        print(f"\nlocal-7 closed {state.status.value}: {state.outcome_reason}", file=sys.stderr)
 
 
 @pytest.mark.llama
