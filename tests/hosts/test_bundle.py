@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from daedalus.engines.paths import cache_root
 from daedalus.hosts.bundle import (
     DEBS,
     INSTALL_SCRIPT,
@@ -158,7 +159,9 @@ def test_the_h200_bundle_fits_the_64_mib_a_call_carries(tmp_path: Path) -> None:
     """`daedalus host bundle --python 3.12 --skip h200`, built for real (wheels for Python 3.12 from the
     registry, Debian's bubblewrap): under 64 MiB with everything the image lacks, and nothing it has."""
     bundle = tmp_path / "bundle"
-    manifest = build_bundle(bundle, target=BundleTarget(python="3.12"), skip=["h200"], max_mib=64.0)
+    manifest = build_bundle(
+        bundle, target=BundleTarget(python="3.12"), skip=["h200"], max_mib=64.0, cache=cache_root()
+    )
     total = int(manifest["total_bytes"])  # type: ignore[call-overload]
     assert total <= 64 * MIB
     wheels = {p.name.split("-")[0].lower().replace("_", "-") for p in (bundle / "wheels").glob("*.whl")}

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from daedalus.devserver import DevServer
+from daedalus.engines.paths import cache_root
 from daedalus.hosts.bundle import BundleTarget, build_bundle
 from daedalus.ports import free_port
 from tests.support import EMIT, FIXTURES, SPEED_PATCH, make_engine_repo
@@ -55,7 +56,9 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
     """The bundle for this Python with `--skip h200`, and the image: a venv of exactly what that skipped."""
     root = tmp_path_factory.mktemp("image")
     bundle = root / "bundle"
-    manifest = build_bundle(bundle, target=BundleTarget(python=THIS_PYTHON), skip=["h200"], max_mib=None)
+    manifest = build_bundle(
+        bundle, target=BundleTarget(python=THIS_PYTHON), skip=["h200"], max_mib=None, cache=cache_root()
+    )
     base = getattr(sys, "_base_executable", sys.executable)
     venv = root / "image"
     subprocess.run([base, "-m", "venv", str(venv)], check=True)
