@@ -16,6 +16,7 @@ from daedalus.activities.gates import GateActivities
 from daedalus.activities.lessons import LessonActivities
 from daedalus.activities.notify import NotifyActivities
 from daedalus.activities.refs import WORKFLOW_ACTIVITIES, ActivityRef
+from daedalus.activities.report import ReportActivities
 from daedalus.activities.training import TrainingActivities
 
 DEFINITIONS: list[Callable[..., Any]] = [
@@ -31,6 +32,7 @@ DEFINITIONS: list[Callable[..., Any]] = [
     TrainingActivities.deploy_checkpoint,
     LessonActivities.record_lessons,
     LessonActivities.lessons_for,
+    ReportActivities.post_report_digest,
 ]
 
 

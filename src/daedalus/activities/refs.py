@@ -19,6 +19,7 @@ from daedalus.schemas.audit import AuditBatch, AuditRecord
 from daedalus.schemas.gates import GateResult
 from daedalus.schemas.lessons import LessonBatch, LessonQuery
 from daedalus.schemas.notify import NotifyResult
+from daedalus.schemas.report import DigestInput, DigestResult
 from daedalus.schemas.steps import AttemptInput, BuildInput, BuildResult, GateInput
 from daedalus.schemas.training import (
     CheckpointEvaluated,
@@ -76,6 +77,7 @@ EVALUATE_CHECKPOINT = ActivityRef("evaluate_checkpoint", EvaluationInput, Checkp
 DEPLOY_CHECKPOINT = ActivityRef("deploy_checkpoint", DeploymentInput, DeploymentResult)
 RECORD_LESSONS = ActivityRef("record_lessons", LessonBatch, int)
 LESSONS_FOR = ActivityRef("lessons_for", LessonQuery, list[str])
+POST_REPORT_DIGEST = ActivityRef("post_report_digest", DigestInput, DigestResult)
 
 WORKFLOW_ACTIVITIES: tuple[ActivityRef[Any, Any], ...] = (
     RUN_ATTEMPT,
@@ -90,4 +92,5 @@ WORKFLOW_ACTIVITIES: tuple[ActivityRef[Any, Any], ...] = (
     DEPLOY_CHECKPOINT,
     RECORD_LESSONS,
     LESSONS_FOR,
+    POST_REPORT_DIGEST,
 )

@@ -16,6 +16,7 @@ from sqlalchemy import Engine
 from temporalio import activity
 from temporalio.service import RPCError
 
+from daedalus.activities.refs import POST_REPORT_DIGEST
 from daedalus.errors import RegistryError
 from daedalus.hosts.registry import load_registry
 from daedalus.hosts.status import ON_A_HOST, waiting_on_hosts
@@ -43,7 +44,7 @@ class ReportActivities:
         self.reports = artifacts / "reports"
         self.ledger = PostedLedger(artifacts / "slack-posted" / "digests")
 
-    @activity.defn(name="post_report_digest")
+    @activity.defn(name=POST_REPORT_DIGEST.name)
     async def post_report_digest(self, request: DigestInput) -> DigestResult:
         info = activity.info()
         waiting = await self._waiting_on_hosts()

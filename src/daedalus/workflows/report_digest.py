@@ -9,6 +9,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
+    from daedalus.activities.refs import POST_REPORT_DIGEST
     from daedalus.schemas.report import DigestInput, DigestResult
 
 REPORT_SCHEDULE_ID = "daedalus-report-digest"
@@ -18,10 +19,8 @@ REPORT_SCHEDULE_ID = "daedalus-report-digest"
 class ReportDigestWorkflow:
     @workflow.run
     async def run(self, request: DigestInput) -> DigestResult:
-        return await workflow.execute_activity(
-            "post_report_digest",
+        return await POST_REPORT_DIGEST.execute(
             request,
-            result_type=DigestResult,
             start_to_close_timeout=timedelta(minutes=5),
             retry_policy=RetryPolicy(maximum_attempts=5, initial_interval=timedelta(seconds=5)),
         )
