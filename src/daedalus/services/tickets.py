@@ -160,10 +160,6 @@ async def file_ticket(
     unless the policy lets the filer operate its hosts. Without one, the spec's own approval rules apply.
     """
     require_workable(spec)
-    if store is not None:  # a ticket that contradicts a standing ruling is refused, naming the ruling
-        from daedalus.services.questions import read_rulings, require_obeys_rulings
-
-        require_obeys_rulings(spec, await asyncio.to_thread(read_rulings, store))
     await _refuse_live_children(client, spec)
     facts = {}
     if hosts is not None:
@@ -172,6 +168,10 @@ async def file_ticket(
     dispatch = None
     if policy is not None:
         spec, dispatch = resolve_ticket(policy, spec, filed_by)
+    if store is not None:  # a ticket that contradicts a standing ruling is refused, naming the ruling
+        from daedalus.services.questions import read_rulings, require_obeys_rulings
+
+        require_obeys_rulings(spec, await asyncio.to_thread(read_rulings, store))
     try:
         asked = await asyncio.to_thread(_requests_asked, store, spec) if store is not None else {}
         return await client.start_workflow(
