@@ -11,6 +11,7 @@ curve.py           the memory curve on disk
 progress.py        the trainer's steps, throughput and ETA
 checkpoints.py     complete checkpoints, those there before the run, pruning
 deaths.py          a death's class, its OOM evidence, the evidence kept
+hunt.py            the hunting ticket a run opens after its counted deaths, with the deaths side by side
 host_report.py     what on the host may kill a trainer (earlyoom, oomd, swap, cron)
 checkpoint_eval.py a checkpoint measured, confined as a gate is
 gpu_trainer.py     a small PyTorch trainer keeping the watchdog's protocol (the GPU lane's and train8's run)
