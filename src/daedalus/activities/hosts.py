@@ -26,6 +26,7 @@ from daedalus.hosts.leases import (
     TenantCommand,
 )
 from daedalus.processes import kill_group, log_tail, run_logged
+from daedalus.schemas.gates import gpu_environment
 from daedalus.schemas.ticket import TicketStatus
 from daedalus.store.tables import TicketRow
 
@@ -157,13 +158,7 @@ class LeasedCommandActivities:
             async with holder.holding(client, step.host, request) as lease:
                 waiting.cancel()
                 seen = datetime.now(UTC)
-                gpus = ",".join(map(str, lease.gpus))
-                env = {
-                    **step.env,
-                    "CUDA_VISIBLE_DEVICES": gpus,
-                    "DAEDALUS_LEASE_ID": request.lease_id,
-                    "DAEDALUS_LEASE_GPUS": gpus,
-                }
+                env = {**step.env, **gpu_environment(lease.gpus, request.lease_id)}
                 finished = await run_logged(
                     step.command,
                     cwd=folder,

@@ -48,7 +48,7 @@ from daedalus.schemas.engines import (
     VllmPreset,
     Workload,
 )
-from daedalus.schemas.gates import GateMeasurement, GateSpec, Metric, Verdict
+from daedalus.schemas.gates import GateMeasurement, GateSpec, Metric, Verdict, gpu_environment
 
 QUANTIZED_V_NEEDS_FLASH_ATTN = ("f16", "f32", "bf16")
 # The decode figure is judged by the gates' rules against no threshold: the verdict says whether the
@@ -66,7 +66,7 @@ def cell_preset(
     base = load_preset(cell.base or spec.base_preset)
     env = {**base.env, **spec.env}
     if gpus is not None:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+        env |= gpu_environment(gpus)
     base = base.model_copy(update={"env": env})
     name = cell.preset_name
     if isinstance(base, LlamaCppPreset):

@@ -1,5 +1,6 @@
 """Gates, metrics and verdicts: what a ticket must measure, and how the measurement was judged."""
 
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Literal
 
@@ -236,6 +237,16 @@ class Verdict(StrEnum):
     """The measurement itself broke; never reported as FAIL."""
 
 
+def gpu_environment(gpus: Sequence[int], lease_id: str | None = None) -> dict[str, str]:
+    """The environment a command on leased GPUs runs with, the one way it is built (gates, campaign cells,
+    `run_leased`, training): it sees only `gpus` (CUDA_VISIBLE_DEVICES, in the keeper's index order), and, given
+    its `lease_id`, can name its lease (DAEDALUS_LEASE_ID, DAEDALUS_LEASE_GPUS)."""
+    visible = ",".join(map(str, gpus))
+    if lease_id is None:
+        return {"CUDA_VISIBLE_DEVICES": visible}
+    return {"CUDA_VISIBLE_DEVICES": visible, "DAEDALUS_LEASE_ID": lease_id, "DAEDALUS_LEASE_GPUS": visible}
+
+
 class LeaseRecord(Model):
     """The GPU lease a measurement ran under: no other measurement held these GPUs meanwhile."""
 
@@ -245,9 +256,8 @@ class LeaseRecord(Model):
 
     def environment(self) -> dict[str, str]:
         """What a command under the lease adds to its environment: it sees only the leased GPUs, and can name
-        its lease (as `run_leased` commands do)."""
-        gpus = ",".join(map(str, self.gpus))
-        return {"CUDA_VISIBLE_DEVICES": gpus, "DAEDALUS_LEASE_ID": self.lease_id, "DAEDALUS_LEASE_GPUS": gpus}
+        its lease (`gpu_environment`)."""
+        return gpu_environment(self.gpus, self.lease_id)
 
 
 class GateResult(Model):
