@@ -1,4 +1,4 @@
-"""Workflow ids and task-queue names, made here and nowhere else.
+"""Workflow ids, lease ids and task-queue names, made here and nowhere else.
 
 A ticket lives as workflow `ticket-<id>`, a training run as `training-<name>`, a campaign as `campaign-<id>`; the control queue runs the
 workflows and the activities that touch the network or the store, and `host-<name>` the ones that touch a host.
@@ -42,3 +42,12 @@ def question_subject_key(question_id: str) -> str:
 def host_queue(host: str) -> str:
     """The task queue whose workers run on `host` and touch its hardware."""
     return f"{HOST_QUEUE_PREFIX}{host}"
+
+
+def lease_id_for(owner: str, *parts: str) -> str:
+    """Every lease id, one format: the id of the workflow that holds it, then what in it holds it, joined by
+    `/` (`ticket-4/1a2b3c4d/attempt-1/decode/round-2`, `campaign-x/<cell>`, `training-y/<run>`). Stable across
+    a workflow's retries and continue-as-new as long as its parts are, so acquiring it again is idempotent."""
+    if not owner or not all(parts):
+        raise ValueError(f"a lease id needs its owner and every part non-empty, got {owner!r} {parts!r}")
+    return "/".join((owner, *parts))

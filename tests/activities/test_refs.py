@@ -13,6 +13,7 @@ from daedalus.activities.attempts import AttemptActivities
 from daedalus.activities.audit import AuditActivities
 from daedalus.activities.builds import BuildActivities
 from daedalus.activities.gates import GateActivities
+from daedalus.activities.hosts import KeeperStoreActivities, LeaseActivities, TenantActivities
 from daedalus.activities.lessons import LessonActivities
 from daedalus.activities.notify import NotifyActivities
 from daedalus.activities.refs import WORKFLOW_ACTIVITIES, ActivityRef
@@ -33,6 +34,11 @@ DEFINITIONS: list[Callable[..., Any]] = [
     LessonActivities.record_lessons,
     LessonActivities.lessons_for,
     ReportActivities.post_report_digest,
+    LeaseActivities.acquire_lease,
+    LeaseActivities.release_lease,
+    TenantActivities.pause_tenant,
+    TenantActivities.resume_tenant,
+    KeeperStoreActivities.passed_tickets,
 ]
 
 

@@ -15,9 +15,10 @@ from temporalio import activity, workflow
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ActivityError, ApplicationError
 
-from daedalus.activities.hosts import LEASE_REFUSED, LeaseActivities
+from daedalus.activities.hosts import LeaseActivities
+from daedalus.errors import LeaseRefused
 from daedalus.hosts import holder
-from daedalus.hosts.leases import LeaseOutcome, LeaseRequest
+from daedalus.hosts.leases import LEASE_REFUSED, LeaseOutcome, LeaseRequest
 from daedalus.ids import host_queue
 from daedalus.schemas._base import Model
 from daedalus.workflows.lease_helpers import holding_lease
@@ -90,4 +91,5 @@ async def test_workflows_hold_leases_around_their_host_steps(temporal_client: Cl
             await gate(10, gpus=[5])
         cause = failed.value.cause
         assert isinstance(cause, ActivityError) and isinstance(cause.cause, ApplicationError)
-        assert cause.cause.type == LEASE_REFUSED and "GPU(s) [5] do not exist" in cause.cause.message
+        assert cause.cause.type == LEASE_REFUSED == LeaseRefused.__name__
+        assert "GPU(s) [5] do not exist" in cause.cause.message

@@ -15,13 +15,22 @@ from sqlmodel import Session, col, select
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from daedalus.activities.refs import (
+    ACQUIRE_LEASE,
+    PASSED_TICKETS,
+    PAUSE_TENANT,
+    RELEASE_LEASE,
+    RESUME_TENANT,
+)
 from daedalus.hosts import holder
 from daedalus.hosts.gpus import GPU_STATE_ENV, GpuMemory, NvmlGpuMemory, SimulatedGpuMemory
 from daedalus.hosts.leases import (
-    LeaseCall,
+    LEASE_REFUSED,
+    LeaseAcquire,
     LeasedCommand,
     LeasedRun,
     LeaseOutcome,
+    LeaseRelease,
     TenantCheck,
     TenantCommand,
 )
@@ -67,7 +76,7 @@ class TenantActivities:
             return None, f"`{line}` did not finish within {timeout_s:g}s"
         return process.returncode, output.decode(errors="replace").strip()[-500:]
 
-    @activity.defn(name="pause_tenant")
+    @activity.defn(name=PAUSE_TENANT.name)
     async def pause_tenant(self, command: TenantCommand) -> TenantCheck:
         tenant = command.tenant
         started = time.monotonic()
@@ -109,7 +118,7 @@ class TenantActivities:
                 )
             await asyncio.sleep(CHECK_INTERVAL_S)
 
-    @activity.defn(name="resume_tenant")
+    @activity.defn(name=RESUME_TENANT.name)
     async def resume_tenant(self, command: TenantCommand) -> TenantCheck:
         tenant = command.tenant
         code, output = await self._shell(tenant.resume, tenant.command_timeout_s)
@@ -125,7 +134,7 @@ class KeeperStoreActivities:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    @activity.defn(name="passed_tickets")
+    @activity.defn(name=PASSED_TICKETS.name)
     async def passed_tickets(self, ticket_ids: list[str]) -> list[str]:
         return await asyncio.to_thread(self._passed, ticket_ids)
 
@@ -198,16 +207,11 @@ async def _heartbeat_while_waiting() -> None:
         await asyncio.sleep(1.0)
 
 
-LEASE_REFUSED = "LeaseRefused"
-"""The ApplicationError type of a lease the keeper would not grant (the message says why)."""
-
-
 class LeaseActivities:
     """Acquire and release on behalf of a workflow (workflows cannot send updates): control queue."""
 
-    @activity.defn(name="acquire_lease")
-    async def acquire_lease(self, call: LeaseCall) -> LeaseOutcome:
-        assert call.request is not None
+    @activity.defn(name=ACQUIRE_LEASE.name)
+    async def acquire_lease(self, call: LeaseAcquire) -> LeaseOutcome:
         beating = asyncio.create_task(_heartbeat_while_waiting())
         try:
             return await holder.acquire(activity.client(), call.host, call.request)
@@ -216,6 +220,6 @@ class LeaseActivities:
         finally:
             beating.cancel()
 
-    @activity.defn(name="release_lease")
-    async def release_lease(self, call: LeaseCall) -> None:
+    @activity.defn(name=RELEASE_LEASE.name)
+    async def release_lease(self, call: LeaseRelease) -> None:
         await holder.release(activity.client(), call.host, call.lease_id, call.reason)

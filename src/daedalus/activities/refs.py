@@ -2,7 +2,7 @@
 
 Workflows call `RUN_ATTEMPT.execute(AttemptInput(...), ...)` and get an `AgentResult` back, checked by mypy;
 each `@activity.defn` takes its name from here, and tests/activities/test_refs.py checks that the definitions'
-signatures match these declarations. This module imports schemas only, so workflows import it without pulling
+signatures match these declarations. This module imports schemas only (and the lease calls' models from hosts/leases.py, free of I/O), so workflows import it without pulling
 in the agents, engines or store that the activities themselves need.
 """
 
@@ -14,6 +14,7 @@ from typing import Any, Generic, TypeVar
 from temporalio import workflow
 
 from daedalus.decisions.schemas import DecisionRequest
+from daedalus.hosts.leases import LeaseAcquire, LeaseOutcome, LeaseRelease, TenantCheck, TenantCommand
 from daedalus.schemas.agents import AgentResult
 from daedalus.schemas.audit import AuditBatch, AuditRecord
 from daedalus.schemas.gates import GateResult
@@ -78,6 +79,11 @@ DEPLOY_CHECKPOINT = ActivityRef("deploy_checkpoint", DeploymentInput, Deployment
 RECORD_LESSONS = ActivityRef("record_lessons", LessonBatch, int)
 LESSONS_FOR = ActivityRef("lessons_for", LessonQuery, list[str])
 POST_REPORT_DIGEST = ActivityRef("post_report_digest", DigestInput, DigestResult)
+ACQUIRE_LEASE = ActivityRef("acquire_lease", LeaseAcquire, LeaseOutcome)
+RELEASE_LEASE = ActivityRef("release_lease", LeaseRelease, type(None))
+PAUSE_TENANT = ActivityRef("pause_tenant", TenantCommand, TenantCheck)
+RESUME_TENANT = ActivityRef("resume_tenant", TenantCommand, TenantCheck)
+PASSED_TICKETS = ActivityRef("passed_tickets", list[str], list[str])
 
 WORKFLOW_ACTIVITIES: tuple[ActivityRef[Any, Any], ...] = (
     RUN_ATTEMPT,
@@ -93,4 +99,9 @@ WORKFLOW_ACTIVITIES: tuple[ActivityRef[Any, Any], ...] = (
     RECORD_LESSONS,
     LESSONS_FOR,
     POST_REPORT_DIGEST,
+    ACQUIRE_LEASE,
+    RELEASE_LEASE,
+    PAUSE_TENANT,
+    RESUME_TENANT,
+    PASSED_TICKETS,
 )

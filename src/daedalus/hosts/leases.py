@@ -26,11 +26,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from daedalus.errors import LeaseRefused
 from daedalus.hosts.registry import Constraint, HostSpec, TenantSpec
 from daedalus.schemas._base import Model
 from daedalus.schemas.host_check import HostCheckRecord
 
 KEEPER_PREFIX = "lease-keeper-"
+LEASE_REFUSED = LeaseRefused.__name__
+"""The ApplicationError type of a lease the keeper would not grant, as a workflow sees it: the acquire activity
+raises it, `holding_lease` does not retry it (the message says why)."""
 
 
 def keeper_id(host: str) -> str:
@@ -379,10 +383,34 @@ class LeasedRun(Model):
     log_tail: str = ""
 
 
-class LeaseCall(Model):
-    """A workflow's acquire (or release) through the control-queue activities of `workflows.lease_helpers`."""
+def _without_legacy(data: Any, legacy: dict[str, Any]) -> Any:
+    """Drop the fields the one `LeaseCall` both calls once shared (at their old defaults): an activity scheduled
+    by a worker from before the split still runs on one after it."""
+    if isinstance(data, dict):
+        return {k: v for k, v in data.items() if k not in legacy or v != legacy[k]}
+    return data
 
-    host: str
-    request: LeaseRequest | None = None
-    lease_id: str = ""
+
+class LeaseAcquire(Model):
+    """A workflow's acquire through the control-queue activity ACQUIRE_LEASE (`workflows.lease_helpers`)."""
+
+    host: str = Field(min_length=1)
+    request: LeaseRequest
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        return _without_legacy(data, {"lease_id": "", "reason": "released"})
+
+
+class LeaseRelease(Model):
+    """A workflow's release through the control-queue activity RELEASE_LEASE (`workflows.lease_helpers`)."""
+
+    host: str = Field(min_length=1)
+    lease_id: str = Field(min_length=1)
     reason: str = "released"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        return _without_legacy(data, {"request": None})

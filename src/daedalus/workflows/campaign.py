@@ -29,7 +29,7 @@ with workflow.unsafe.imports_passed_through():
         DeskState,
     )
     from daedalus.hosts.leases import LeaseRequest
-    from daedalus.ids import host_queue
+    from daedalus.ids import host_queue, lease_id_for
     from daedalus.schemas.audit import AuditKind
     from daedalus.schemas.campaigns import (
         CampaignCell,
@@ -210,7 +210,7 @@ class CampaignWorkflow:
             if not host_gpus:
                 return await self._cell(cell, None)
             lease = LeaseRequest(
-                lease_id=f"{workflow.info().workflow_id}/{cell.key}",
+                lease_id=lease_id_for(workflow.info().workflow_id, cell.key),
                 holder=f"campaign {spec.id} cell {cell.key}",
                 purpose="benchmark",
                 count=host_gpus,

@@ -20,6 +20,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
+    from daedalus.activities.refs import PASSED_TICKETS, PAUSE_TENANT, RESUME_TENANT
     from daedalus.hosts.leases import (
         HostConfig,
         KeeperEvent,
@@ -365,10 +366,8 @@ class LeaseKeeperWorkflow:
         spec = tenant.spec
         budget = spec.free_timeout_s + 2 * spec.command_timeout_s
         try:
-            check = await workflow.execute_activity(
-                "pause_tenant",
+            check = await PAUSE_TENANT.execute(
                 self._command(tenant),
-                result_type=TenantCheck,
                 task_queue=self._state.host.task_queue,
                 schedule_to_close_timeout=timedelta(seconds=budget + 30),
                 heartbeat_timeout=timedelta(seconds=30),
@@ -415,10 +414,8 @@ class LeaseKeeperWorkflow:
         """Start the tenant again; `after_pause=False` restores one whose pause failed (not counted)."""
         spec = tenant.spec
         try:
-            check = await workflow.execute_activity(
-                "resume_tenant",
+            check = await RESUME_TENANT.execute(
                 self._command(tenant),
-                result_type=TenantCheck,
                 task_queue=self._state.host.task_queue,
                 schedule_to_close_timeout=timedelta(seconds=spec.command_timeout_s + 30),
                 retry_policy=RetryPolicy(maximum_attempts=3),
@@ -440,10 +437,8 @@ class LeaseKeeperWorkflow:
 
     async def _poll_passed(self) -> None:
         try:
-            passed = await workflow.execute_activity(
-                "passed_tickets",
+            passed = await PASSED_TICKETS.execute(
                 self._bound_constraints(),
-                result_type=list[str],
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(maximum_attempts=2),
             )

@@ -23,7 +23,7 @@ from temporalio.exceptions import ActivityError, FailureError
 with workflow.unsafe.imports_passed_through():
     from daedalus.activities.refs import RUN_ATTEMPT, RUN_BUILD, RUN_GATE
     from daedalus.hosts.leases import LeaseRequest
-    from daedalus.ids import host_queue
+    from daedalus.ids import host_queue, lease_id_for, ticket_workflow_id
     from daedalus.schemas.agents import ExitReason
     from daedalus.schemas.audit import AuditKind
     from daedalus.schemas.gates import GateKind, GateResult, GateSpec, LeaseRecord, Verdict
@@ -233,7 +233,13 @@ class TicketSteps:
             )
         run_id = workflow.info().first_execution_run_id
         request = LeaseRequest(
-            lease_id=f"ticket-{spec.id}/{run_id[:8]}/attempt-{step.attempt}/{step.gate.name}/round-{step.round}",
+            lease_id=lease_id_for(
+                ticket_workflow_id(spec.id),
+                run_id[:8],
+                f"attempt-{step.attempt}",
+                step.gate.name,
+                f"round-{step.round}",
+            ),
             holder=f"ticket {spec.id} gate {step.gate.name}",
             purpose="ab" if step.gate.kind is GateKind.AB else "gate",
             gpus=list(range(facts.gpus)),
