@@ -201,6 +201,11 @@ class KeeperState(State):
     events: list[KeeperEvent] = Field(default_factory=list, description="the latest, newest last")
     next_seq: int = 0
     aging_s: float = 300.0
+    refusals: list[LeaseOutcome] = Field(
+        default_factory=list,
+        description="the latest refusals, oldest first, carried across continue-as-new so that a holder asking "
+        "after it still hears why (keepers before the `carry-refusals` patch dropped them there)",
+    )
     last_check: HostCheckRecord | None = Field(
         default=None, description="the host's last check of itself, sent by its worker at start"
     )

@@ -57,6 +57,11 @@ UNCONFIRMED_GRANT_GRACE = "unconfirmed-grant-grace"
 """Patch: a grant lives at least a minute until its holder's first keepalive (`Lease.live_s`), then its ttl.
 Keepers recorded before it (tests/hosts/histories/lease-keeper-{68922a1,551e656,381dc57}.json) expire every
 lease after its ttl; the change shipped unguarded in 6ad1f4b, which is why those histories failed replay."""
+CARRY_REFUSALS = "carry-refusals"
+"""Patch: the refusals (why a lease was not granted) go into the state carried across continue-as-new, so a
+holder that asks after it hears REFUSED with the reason, not UNKNOWN. Keepers before it dropped them there
+(tests/hosts/histories: every lease-keeper-<commit>.json recorded before it replays without the marker;
+lease-keeper-refusals-<commit>.json was recorded with it)."""
 KEPT_EVENTS = 200
 KEPT_REFUSALS = 200
 
@@ -72,7 +77,9 @@ class LeaseKeeperWorkflow:
             tenants=[TenantState(spec=t) for t in input.host.tenants],
             aging_s=input.aging_s,
         )
-        self._refusals: dict[str, LeaseOutcome] = {}
+        self._refusals: dict[str, LeaseOutcome] = {r.lease_id: r for r in self._state.refusals}
+        """Refusals by lease id, kept here; the state holds them only on its way across continue-as-new."""
+        self._state.refusals = []
         self._changed = True
         self._draining = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -96,13 +103,18 @@ class LeaseKeeperWorkflow:
             if info.get_current_history_length() > input.max_history or info.is_continue_as_new_suggested():
                 self._draining = True
                 await workflow.wait_condition(lambda: not self._tasks and workflow.all_handlers_finished())
-                workflow.continue_as_new(input.model_copy(update={"state": self._state}))
+                workflow.continue_as_new(input.model_copy(update={"state": self._carried()}))
+
+    def _carried(self) -> KeeperState:
+        """The state the next run starts from: with the refusals since CARRY_REFUSALS, as it was before."""
+        refusals = list(self._refusals.values()) if workflow.patched(CARRY_REFUSALS) else []
+        return self._state.model_copy(update={"refusals": refusals})
 
     # -- queries, updates, signals ---------------------------------------------------------------------------
 
     @workflow.query
     def state(self) -> KeeperState:
-        return self._state
+        return self._state.model_copy(update={"refusals": list(self._refusals.values())})
 
     @workflow.update
     async def acquire(self, request: LeaseRequest) -> LeaseOutcome:
