@@ -65,7 +65,7 @@ def test_a_stored_history_carries_refusals_across_continue_as_new() -> None:
             for e in events
             if e.HasField("marker_recorded_event_attributes")
         ]
-        assert any(CARRY_REFUSALS.encode() in m.details["patch_data"].payloads[0].data for m in markers), (
+        assert any(CARRY_REFUSALS.encode() in m.details["patch-data"].payloads[0].data for m in markers), (
             stored
         )
         assert events[-1].HasField("workflow_execution_continued_as_new_event_attributes"), stored
