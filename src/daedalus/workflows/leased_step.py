@@ -1,5 +1,10 @@
-"""LeasedStepWorkflow: one command on a host under a GPU lease, the building block for every step that uses a
-host's GPUs (gate, benchmark, A/B pair, engine launch, training segment)."""
+"""LeasedStepWorkflow: one command on a host under a GPU lease held by its activity (`run_leased`, through
+`daedalus.hosts.holder.holding`, which stops the command when the lease is revoked or cannot be renewed).
+
+Only the pool bench (bench/pool.py) runs it. The product's steps (gates, campaign cells, training runs) hold their
+leases from the workflow with `workflows.lease_helpers.holding_lease` around their own host activities; this one
+stays while the bench measures a killed holder's and a revoked holder's fencing, which `holding_lease` (signals
+only: a workflow cannot query the keeper) does not do yet."""
 
 from __future__ import annotations
 
