@@ -45,7 +45,6 @@ from pydantic_settings import (
     SettingsConfigDict,
     SettingsError,
 )
-from temporalio.service import TLSConfig
 
 from daedalus.agents.settings import AgentSettings
 from daedalus.api.settings import ApiSettings
@@ -158,6 +157,8 @@ class TemporalSettings(BaseModel):
         pem = (self.tls_server_ca, self.tls_client_cert, self.tls_client_key)
         if not any(pem) and self.tls_server_name is None:
             return {"tls": self.tls or api_key is not None, "api_key": api_key}
+        from temporalio.service import TLSConfig  # here: most starts name no TLS file
+
         ca, cert, key = (
             _read_pem(path, f"DAEDALUS_TEMPORAL_{name}")
             for path, name in zip(pem, ("TLS_SERVER_CA", "TLS_CLIENT_CERT", "TLS_CLIENT_KEY"), strict=True)

@@ -14,13 +14,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
-import httpx
-from temporalio.client import Client
-
 from daedalus.errors import DevServerError
 from daedalus.ports import port_is_open
 from daedalus.processes import kill_me_with_parent
-from daedalus.schemas.search_attributes import SEARCH_ATTRIBUTES, registration
 
 SqliteSynchronous = Literal["off", "normal", "full", "extra"]
 """SQLite's `synchronous` pragma for the embedded server's file: what a power loss may cost."""
@@ -64,6 +60,9 @@ class DevServer:
         return f"127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
+        # Imported here: they name Temporal's types, and the settings import this module for SqliteSynchronous.
+        from daedalus.schemas.search_attributes import SEARCH_ATTRIBUTES, registration
+
         cmd = [str(temporal_binary()), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(self.port)]
         cmd += ["--log-level", "warn", "--namespace", "default"]
         if self.db_file is not None:
@@ -120,6 +119,7 @@ class DevServer:
 
     def _wait_until_healthy(self, deadline: float) -> None:
         """The port opens before the frontend serves ("Frontend is not healthy yet"): wait for a real client."""
+        from temporalio.client import Client
 
         async def probe() -> None:
             while True:
@@ -143,6 +143,8 @@ class DevServer:
     def _wait_until_ui_serves(self, deadline: float) -> None:
         """The UI dials the frontend once at its start and backs off when that was too early: its first API
         calls then answer 503 for a second or more. Wait until it lists workflows."""
+        import httpx
+
         url = f"http://127.0.0.1:{self.ui_port}/api/v1/namespaces/default/workflows"
         while True:
             try:

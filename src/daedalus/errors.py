@@ -56,9 +56,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from typing import ClassVar, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ClassVar, ParamSpec, TypeVar
 
-from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
+# Temporal's failure types are imported where used: a CLI command that only reads does not pay for them.
+if TYPE_CHECKING:
+    from temporalio.exceptions import ApplicationError
 
 __all__ = [
     "AgentConfigError",
@@ -122,6 +124,8 @@ class DaedalusError(Exception):
 
     def to_application_error(self) -> ApplicationError:
         """This error as Temporal carries it: the message, the class's name as type, retryable as the class says."""
+        from temporalio.exceptions import ApplicationError
+
         return ApplicationError(str(self), type=self.type_name, non_retryable=not self.retryable)
 
     @classmethod
@@ -136,6 +140,8 @@ class DaedalusError(Exception):
     def failure_in(cls, error: BaseException) -> ApplicationError | None:
         """The ApplicationError of this class (or a subclass) inside an activity's or child workflow's failure,
         or None when `error` is some other failure."""
+        from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
+
         while isinstance(error, ActivityError | ChildWorkflowError) and error.cause is not None:
             error = error.cause
         return error if isinstance(error, ApplicationError) and error.type in cls.type_names() else None

@@ -8,11 +8,12 @@ single-user stack of `daedalus up` and the demo, where whoever runs the CLI owns
 
 from __future__ import annotations
 
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from daedalus.cli._common import fail, settings
+
+if TYPE_CHECKING:  # httpx is imported only against a shared stack: the local one never sends a request
+    import httpx
 
 REQUEST_TIMEOUT_S = 60.0
 """Above the API's own wait on Temporal (DAEDALUS_API_UPDATE_TIMEOUT_S, twice for a decision)."""
@@ -22,12 +23,16 @@ class Remote:
     """A shared stack's API, called as the token's person; every refusal ends the command with its reason."""
 
     def __init__(self, url: str, token: str) -> None:
+        import httpx
+
         self.url = url
         self.http = httpx.Client(
             base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=REQUEST_TIMEOUT_S
         )
 
     def call(self, method: str, path: str, **request: Any) -> Any:
+        import httpx
+
         try:
             response = self.http.request(method, path, **request)
         except httpx.HTTPError as error:
@@ -36,7 +41,13 @@ class Remote:
             fail(f"the API at {self.url} refused your token (DAEDALUS_API_TOKEN): {_detail(response)}")
         if response.is_error:
             fail(_detail(response))
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:
+            fail(
+                f"the API at {self.url} answered {method} {path} with something that is not JSON "
+                f"({response.text[:200]!r}); check that DAEDALUS_API_URL points at a Daedalus API"
+            )
 
     def person(self) -> str:
         """Whom the API takes this token for."""

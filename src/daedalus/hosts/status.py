@@ -6,19 +6,21 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import Field
 from temporalio.api.enums.v1 import DescribeTaskQueueMode, TaskQueueKind, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-from temporalio.client import Client
 from temporalio.service import RPCError
 
 from daedalus.hosts.leases import KeeperState
 from daedalus.hosts.registry import HostSpec, Registry
 from daedalus.schemas._base import Model
 from daedalus.schemas.ticket import TicketStatus
+
+if TYPE_CHECKING:  # `ticket list` reads ON_A_HOST here and, with no ticket on a host, asks Temporal nothing
+    from temporalio.client import Client
 
 ON_A_HOST = frozenset({TicketStatus.DISPATCHED, TicketStatus.BUILDING, TicketStatus.GATING})
 """Statuses in which a ticket's current step is queued or running on its host."""

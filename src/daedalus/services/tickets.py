@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import ValidationError
@@ -18,8 +18,6 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from daedalus.decisions.policy import Policy, resolve_ticket
-from daedalus.engines.gate_fit import prompt_fit_problems
 from daedalus.errors import NotAllowed
 from daedalus.hosts.registry import Registry
 from daedalus.ids import ticket_workflow_id
@@ -38,6 +36,11 @@ from daedalus.services._temporal import TicketError, update
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 from daedalus.workflows.ticket import TicketWorkflow
+
+# Imported where used: `daedalus ticket show` reads a status and pays for neither the policy nor the prompt-fit
+# check.
+if TYPE_CHECKING:
+    from daedalus.decisions.policy import Policy
 
 
 def explain(error: ValidationError, source: str) -> str:
@@ -66,6 +69,8 @@ def parse_spec(data: Any, source: str = "spec") -> TicketSpec:
 
 def require_workable(spec: TicketSpec, source: str = "spec") -> None:
     """Rules checked when a ticket is filed (not in the schema, so that stored histories still load)."""
+    from daedalus.engines.gate_fit import prompt_fit_problems
+
     tickets = spec.tree()
     ids = [t.id for t in tickets]
     repeated = sorted({i for i in ids if ids.count(i) > 1})
@@ -167,6 +172,8 @@ async def file_ticket(
         facts = {t.host: hosts.host(t.host).facts() for t in spec.tree()}
     dispatch = None
     if policy is not None:
+        from daedalus.decisions.policy import resolve_ticket
+
         spec, dispatch = resolve_ticket(policy, spec, filed_by)
     if store is not None:  # a ticket that contradicts a standing ruling is refused, naming the ruling
         from daedalus.services.questions import read_rulings, require_obeys_rulings

@@ -5,8 +5,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import Engine, event, text
 from sqlmodel import Session, create_engine
 
@@ -39,6 +37,9 @@ MIGRATION_LOCK_ID = 0x0DAEDA1
 def migrate(engine: Engine) -> None:
     """Bring the schema to the newest alembic revision (idempotent, and safe when several processes start at
     once on one store: `daedalus worker --control` and `daedalus api serve` both migrate at start-up)."""
+    from alembic import command  # here: a reader that only opens a session does not load alembic
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     with _one_migration_at_a_time(engine), engine.begin() as connection:
