@@ -100,8 +100,9 @@ def main() -> None:
     configure_logging()
     from daedalus.errors import DaedalusError
 
+    command = invoked(sys.argv[1:])
     try:
-        build(invoked(sys.argv[1:]))()
+        build(command)()
         code = 0
     except SystemExit as done:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
@@ -111,6 +112,11 @@ def main() -> None:
 
         errors.print(f"[red]error:[/red] {for_terminal(str(error))}", highlight=False)
         code = 2
+    except Exception as error:  # a defect or a surprise: one log record with the traceback as data (logs.py)
+        from daedalus.logs import log_unexpected
+
+        log_unexpected(error, command)
+        code = 1
     # Skip interpreter teardown: the Temporal client's Rust threads can abort a finalizing interpreter
     # ("PyGILState_Release ... finalizing", temporalio/sdk-python#300), turning a finished command into exit -6.
     sys.stdout.flush()

@@ -59,4 +59,5 @@ def serve(
     console.print(
         f"Daedalus API on http://{host}:{port} (docs at /docs); Temporal at {settings.temporal.target}"
     )
-    uvicorn.run(application, host=host, port=port)
+    # uvicorn's own log config writes plain `INFO:     ...` lines: without it, its loggers reach logs.py's renderer.
+    uvicorn.run(application, host=host, port=port, log_config=None)

@@ -204,8 +204,10 @@ async def _drive(
     policy_file: Path,
     wait_for_wayne: float,
 ) -> TicketState:
+    from daedalus.logs import route_temporal_core
     from daedalus.stack import running_stack
 
+    route_temporal_core()
     async with running_stack(settings, hosts=[spec.host], embedded=embedded) as stack:
         where = (
             "embedded dev server (SQLite under .daedalus/)"

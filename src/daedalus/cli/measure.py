@@ -12,7 +12,6 @@ import uuid
 from pathlib import Path
 from typing import Annotated
 
-import structlog
 import typer
 
 from daedalus.engines import startup_clock
@@ -20,6 +19,7 @@ from daedalus.engines.hf_tiny_model import HF_MODELS, ensure_hf_model
 from daedalus.engines.measure import measure
 from daedalus.engines.tiny_model import MODELS, ensure_model
 from daedalus.errors import EngineError
+from daedalus.logs import configure_logging
 from daedalus.schemas.engines import Workload
 from daedalus.schemas.gates import Metric
 
@@ -64,8 +64,9 @@ def main(
         Path | None, typer.Option(help="artifacts; default under the artifact directory")
     ] = None,
 ) -> None:
-    # stdout carries exactly one JSON object; logs go to stderr.
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
+    # stdout carries exactly one JSON object; logs go to stderr (configured again here: an in-process runner
+    # calls the command without `daedalus`'s main, which configures them).
+    configure_logging()
     # Run as a gate, its engines' start-ups are timed apart from its measuring (engines/startup_clock.py).
     clock = os.environ.get(startup_clock.STARTUP_CLOCK_ENV)
     startup_clock.configure(Path(clock) if clock else None)

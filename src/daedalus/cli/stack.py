@@ -43,9 +43,11 @@ def stop_on_signals(stop: asyncio.Event) -> None:
 
 async def _serve_forever(settings: Settings, hosts: list[str], control: bool, embedded: bool) -> None:
     # Workers pull in every activity's libraries: load them only here.
+    from daedalus.logs import route_temporal_core
     from daedalus.stack import running_stack
     from daedalus.worker import settle_heap
 
+    route_temporal_core()  # before the first connection: the workers' poll retries are log records too
     stop = asyncio.Event()
     stop_on_signals(stop)
     async with running_stack(settings, hosts=hosts, control=control, embedded=embedded) as stack:
