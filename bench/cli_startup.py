@@ -17,8 +17,12 @@ pulls in, so a regression names its cause.
 Goal: under 1 s wall (median) for each command. The stack runs during the measurement, as it does for a decider:
 its workers share the machine's cores with the CLI.
 
+With --baseline COMMIT, each round also runs the same commands from that commit's code (its src/ from `git
+archive`, first on the children's PYTHONPATH) against the same stack, the two trees alternating which goes first:
+before and after a change, measured under the same load. Its figures are under `baseline`.
+
 Results: bench/results/cli_startup.json (bench/record.py: the commit, the machine, its load before and during).
-Run: .venv/bin/python bench/cli_startup.py [--rounds 7] [--results PATH]
+Run: .venv/bin/python bench/cli_startup.py [--rounds 7] [--baseline COMMIT] [--results PATH]
 """
 
 from __future__ import annotations
@@ -140,11 +144,25 @@ def make_repo(path: Path) -> Path:
     return path
 
 
+def checkout(commit: str, where: Path) -> tuple[str, Path]:
+    """(the full sha, its src/ directory): `commit`'s package, put first on a child's PYTHONPATH."""
+    found = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{commit}^{{commit}}"], cwd=ROOT, capture_output=True, text=True
+    )
+    if found.returncode != 0:
+        raise SystemExit(f"--baseline {commit}: not a commit of this repository ({found.stderr.strip()})")
+    sha = found.stdout.strip()
+    where.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", sha, "src", "examples"], cwd=ROOT, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(where)], input=archive.stdout, check=True)
+    return sha, where / "src"
+
+
 def summary(values: list[float]) -> dict[str, float]:
     return {"median": round(statistics.median(values), 4), "max": round(max(values), 4)}
 
 
-def measure(rounds: int, work: Path) -> dict[str, Any]:
+def measure(rounds: int, work: Path, baseline: Path | None, baseline_commit: str | None) -> dict[str, Any]:
     home = work / ".daedalus"
     env = {
         key: value
@@ -175,6 +193,8 @@ def measure(rounds: int, work: Path) -> dict[str, Any]:
         )
         if filed.returncode != 0:
             raise SystemExit(f"filing the ticket failed:\n{filed.stdout}{filed.stderr}")
+        python_walls: list[float] = []
+        python_cpus: list[float] = []
         deadline = time.monotonic() + 60
         while True:  # parked: its first decision request is written
             _, _, shown = timed([str(DAEDALUS), "ticket", "show", TICKET_ID], env, work)
@@ -184,25 +204,17 @@ def measure(rounds: int, work: Path) -> dict[str, Any]:
                 raise SystemExit(f"the ticket did not park:\n{shown.stdout}{shown.stderr}")
             time.sleep(0.5)
 
-        walls: dict[str, list[float]] = {name: [] for name in COMMANDS}
-        cpus: dict[str, list[float]] = {name: [] for name in COMMANDS}
-        python_walls, python_cpus = [], []
-        imports: dict[str, list[float]] = {}
-        heaviest: dict[str, list[tuple[str, float]]] = {}
-        for _ in range(rounds):
+        trees = {"current": env}
+        if baseline is not None:  # the same commands from another commit's code, against the same stack
+            trees["baseline"] = {**env, "PYTHONPATH": str(baseline)}
+        samples = {tree: Samples() for tree in trees}
+        for round_ in range(rounds):
             wall, cpu, _ = timed([sys.executable, "-c", "pass"], env, work)
             python_walls.append(wall)
             python_cpus.append(cpu)
-            for name, (arguments, _) in COMMANDS.items():
-                wall, cpu, done = timed([str(DAEDALUS), *arguments], env, work)
-                if done.returncode != 0:
-                    raise SystemExit(f"`daedalus {' '.join(arguments)}` failed:\n{done.stdout}{done.stderr}")
-                walls[name].append(wall)
-                cpus[name].append(cpu)
-            for module in sorted({module for _, module in COMMANDS.values()}):
-                seconds, top = import_time(f"daedalus.cli.{module}", env, work)
-                imports.setdefault(module, []).append(seconds)
-                heaviest[module] = top
+            order = list(trees) if round_ % 2 == 0 else list(reversed(trees))  # neither always goes first
+            for tree in order:
+                samples[tree].take(trees[tree], work)
     finally:
         up.send_signal(signal.SIGINT)
         try:
@@ -211,56 +223,91 @@ def measure(rounds: int, work: Path) -> dict[str, Any]:
             up.kill()
             up.wait()
 
-    commands = {}
-    for name, (arguments, module) in COMMANDS.items():
-        wall = summary(walls[name])
-        commands[name] = {
-            "argv": ["daedalus", *arguments],
-            "module": f"daedalus.cli.{module}",
-            "wall_s": wall,
-            "cpu_s": summary(cpus[name]),
-            "import_s": round(statistics.median(imports[module]), 4),
-            "heaviest_imports": [[module_, round(seconds, 4)] for module_, seconds in heaviest[module]],
-            "goal_met": wall["median"] < GOAL_S,
-        }
-    return {
+    figures: dict[str, Any] = {
         "goal_s": GOAL_S,
         "rounds": rounds,
         "python_startup": {"wall_s": summary(python_walls), "cpu_s": summary(python_cpus)},
-        "commands": commands,
-        "goal_met": all(command["goal_met"] for command in commands.values()),
+        "commands": samples["current"].figures(),
     }
+    figures["goal_met"] = all(command["goal_met"] for command in figures["commands"].values())
+    if baseline is not None:
+        figures["baseline"] = {"commit": baseline_commit, "commands": samples["baseline"].figures()}
+    return figures
+
+
+class Samples:
+    """Each command's times, and its module's import time, from one tree of code."""
+
+    def __init__(self) -> None:
+        self.walls: dict[str, list[float]] = {name: [] for name in COMMANDS}
+        self.cpus: dict[str, list[float]] = {name: [] for name in COMMANDS}
+        self.imports: dict[str, list[float]] = {}
+        self.heaviest: dict[str, list[tuple[str, float]]] = {}
+
+    def take(self, env: dict[str, str], work: Path) -> None:
+        for name, (arguments, _) in COMMANDS.items():
+            wall, cpu, done = timed([str(DAEDALUS), *arguments], env, work)
+            if done.returncode != 0:
+                raise SystemExit(f"`daedalus {' '.join(arguments)}` failed:\n{done.stdout}{done.stderr}")
+            self.walls[name].append(wall)
+            self.cpus[name].append(cpu)
+        for module in sorted({module for _, module in COMMANDS.values()}):
+            seconds, top = import_time(f"daedalus.cli.{module}", env, work)
+            self.imports.setdefault(module, []).append(seconds)
+            self.heaviest[module] = top
+
+    def figures(self) -> dict[str, Any]:
+        commands = {}
+        for name, (arguments, module) in COMMANDS.items():
+            wall = summary(self.walls[name])
+            commands[name] = {
+                "argv": ["daedalus", *arguments],
+                "module": f"daedalus.cli.{module}",
+                "wall_s": wall,
+                "cpu_s": summary(self.cpus[name]),
+                "import_s": round(statistics.median(self.imports[module]), 4),
+                "heaviest_imports": [[found, round(seconds, 4)] for found, seconds in self.heaviest[module]],
+                "goal_met": wall["median"] < GOAL_S,
+            }
+        return commands
 
 
 def show(figures: dict[str, Any]) -> None:
-    console = Console(width=max(Console().width, 120))
-    table = Table(
+    console = Console(width=max(Console().width, 130))
+    baseline = figures.get("baseline")
+    columns = [
         "command",
         "wall median",
         "wall max",
         "CPU median",
         "module import",
         f"goal < {figures['goal_s']:.0f} s",
-        title=f"CLI start-up, {figures['rounds']} runs each, against a running `daedalus up`",
+    ]
+    if baseline:
+        columns += [f"at {baseline['commit'][:10]}: wall median / CPU / import"]
+    table = Table(
+        *columns, title=f"CLI start-up, {figures['rounds']} runs each, against a running `daedalus up`"
     )
     python = figures["python_startup"]
+    first = [f"{python['wall_s']['median']:.2f} s", f"{python['wall_s']['max']:.2f} s"]
     table.add_row(
-        "python -c pass",
-        f"{python['wall_s']['median']:.2f} s",
-        f"{python['wall_s']['max']:.2f} s",
-        f"{python['cpu_s']['median']:.2f} s",
-        "",
-        "",
+        "python -c pass", *first, f"{python['cpu_s']['median']:.2f} s", "", "", *([""] if baseline else [])
     )
     for name, row in figures["commands"].items():
-        table.add_row(
+        cells = [
             f"daedalus {name}",
             f"{row['wall_s']['median']:.2f} s",
             f"{row['wall_s']['max']:.2f} s",
             f"{row['cpu_s']['median']:.2f} s",
             f"{row['import_s']:.2f} s",
             "[green]met[/green]" if row["goal_met"] else "[red]MISSED[/red]",
-        )
+        ]
+        if baseline:
+            old = baseline["commands"][name]
+            cells.append(
+                f"{old['wall_s']['median']:.2f} s / {old['cpu_s']['median']:.2f} s / {old['import_s']:.2f} s"
+            )
+        table.add_row(*cells)
     console.print(table)
     for module in sorted({row["module"] for row in figures["commands"].values()}):
         row = next(r for r in figures["commands"].values() if r["module"] == module)
@@ -277,6 +324,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7, help="runs of each command (interleaved)")
     parser.add_argument("--results", type=Path, default=RESULTS / "cli_startup.json")
+    parser.add_argument(
+        "--baseline",
+        metavar="COMMIT",
+        help="also time the same commands from this commit's src/ (git archive), interleaved round by round",
+    )
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1 (got {args.rounds})")
@@ -285,7 +337,10 @@ def main() -> None:
     recording = Recording.start()
     work = Path(tempfile.mkdtemp(prefix="daedalus-cli-startup-"))
     try:
-        figures = measure(args.rounds, work)
+        baseline, baseline_commit = None, None
+        if args.baseline is not None:
+            baseline_commit, baseline = checkout(args.baseline, work / "baseline")
+        figures = measure(args.rounds, work, baseline, baseline_commit)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     show(figures)
