@@ -13,7 +13,12 @@ from daedalus.activities.attempts import AttemptActivities
 from daedalus.activities.audit import AuditActivities
 from daedalus.activities.builds import BuildActivities
 from daedalus.activities.gates import GateActivities
-from daedalus.activities.hosts import KeeperStoreActivities, LeaseActivities, TenantActivities
+from daedalus.activities.hosts import (
+    KeeperStoreActivities,
+    LeaseActivities,
+    LeasedCommandActivities,
+    TenantActivities,
+)
 from daedalus.activities.lessons import LessonActivities
 from daedalus.activities.notify import NotifyActivities
 from daedalus.activities.refs import WORKFLOW_ACTIVITIES, ActivityRef
@@ -39,6 +44,7 @@ DEFINITIONS: list[Callable[..., Any]] = [
     TenantActivities.pause_tenant,
     TenantActivities.resume_tenant,
     KeeperStoreActivities.passed_tickets,
+    LeasedCommandActivities.run_leased,
 ]
 
 

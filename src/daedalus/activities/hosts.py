@@ -21,6 +21,7 @@ from daedalus.activities.refs import (
     PAUSE_TENANT,
     RELEASE_LEASE,
     RESUME_TENANT,
+    RUN_LEASED,
 )
 from daedalus.hosts import holder
 from daedalus.hosts.gpus import GPU_STATE_ENV, GpuMemory, NvmlGpuMemory, SimulatedGpuMemory
@@ -154,7 +155,7 @@ class LeasedCommandActivities:
     def __init__(self, artifacts: Path) -> None:
         self.artifacts = artifacts
 
-    @activity.defn(name="run_leased")
+    @activity.defn(name=RUN_LEASED.name)
     async def run_leased(self, step: LeasedCommand) -> LeasedRun:
         client = activity.client()
         request = step.request

@@ -14,7 +14,15 @@ from typing import Any, Generic, TypeVar
 from temporalio import workflow
 
 from daedalus.decisions.schemas import DecisionRequest
-from daedalus.hosts.leases import LeaseAcquire, LeaseOutcome, LeaseRelease, TenantCheck, TenantCommand
+from daedalus.hosts.leases import (
+    LeaseAcquire,
+    LeasedCommand,
+    LeasedRun,
+    LeaseOutcome,
+    LeaseRelease,
+    TenantCheck,
+    TenantCommand,
+)
 from daedalus.schemas.agents import AgentResult
 from daedalus.schemas.audit import AuditBatch, AuditRecord
 from daedalus.schemas.gates import GateResult
@@ -84,6 +92,7 @@ RELEASE_LEASE = ActivityRef("release_lease", LeaseRelease, type(None))
 PAUSE_TENANT = ActivityRef("pause_tenant", TenantCommand, TenantCheck)
 RESUME_TENANT = ActivityRef("resume_tenant", TenantCommand, TenantCheck)
 PASSED_TICKETS = ActivityRef("passed_tickets", list[str], list[str])
+RUN_LEASED = ActivityRef("run_leased", LeasedCommand, LeasedRun)
 
 WORKFLOW_ACTIVITIES: tuple[ActivityRef[Any, Any], ...] = (
     RUN_ATTEMPT,
@@ -104,4 +113,5 @@ WORKFLOW_ACTIVITIES: tuple[ActivityRef[Any, Any], ...] = (
     PAUSE_TENANT,
     RESUME_TENANT,
     PASSED_TICKETS,
+    RUN_LEASED,
 )

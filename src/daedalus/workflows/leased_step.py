@@ -14,6 +14,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
+    from daedalus.activities.refs import RUN_LEASED
     from daedalus.hosts.leases import LeasedCommand, LeasedRun
 
 
@@ -21,10 +22,8 @@ with workflow.unsafe.imports_passed_through():
 class LeasedStepWorkflow:
     @workflow.run
     async def run(self, step: LeasedCommand) -> LeasedRun:
-        return await workflow.execute_activity(
-            "run_leased",
+        return await RUN_LEASED.execute(
             step,
-            result_type=LeasedRun,
             task_queue=step.task_queue,
             start_to_close_timeout=timedelta(seconds=step.wait_s + step.timeout_s + 60),
             heartbeat_timeout=timedelta(seconds=step.heartbeat_s),
