@@ -52,10 +52,11 @@ from daedalus.confinement import StepSettings
 from daedalus.devserver import SqliteSynchronous
 from daedalus.engines.paths import EngineSettings
 from daedalus.errors import BadSettings
+from daedalus.ids import CONTROL_QUEUE
+from daedalus.paths import REPO_ROOT
 from daedalus.slack.settings import SlackSettings
 from daedalus.store.seals import AuditKey, AuditSettings
 
-CONTROL_QUEUE = "daedalus-control"
 __all__ = [
     "CONTROL_QUEUE",
     "LEGACY_NAMES",
@@ -222,7 +223,7 @@ class Settings(BaseSettings):
         default=None, description="the artifact directory; None = <home>/artifacts"
     )
     hosts_file: Path = Field(
-        default=Path(__file__).resolve().parents[2] / "examples" / "hosts.yaml",
+        default=REPO_ROOT / "examples" / "hosts.yaml",
         description="the host registry (hosts.yaml); the demo's is examples/hosts.yaml",
     )
     policy_file: Path | None = Field(

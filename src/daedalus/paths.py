@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+"""The checkout this package was imported from (its pyproject.toml, src/, examples/, tools/), named here and
+nowhere else. An installed Daedalus (a wheel, a host's venv) has none: code that needs one says so (see
+daedalus.hosts.bundle.source_checkout)."""
+
 
 class UnsafePathError(ValueError):
     """A name would place a file outside its directory (`..`, an absolute path, a symlink out)."""

@@ -42,8 +42,9 @@ from daedalus.agents.tools import Toolbox
 from daedalus.agents.worktree import objects_dir
 from daedalus.confinement import Confinement
 from daedalus.egress import Egress, plan_for
-from daedalus.engines.paths import REPO_ROOT, cache_root
+from daedalus.engines.paths import cache_root
 from daedalus.errors import AgentConfigError, AgentViolation, BudgetExceeded, ForbiddenCommand, PathEscape
+from daedalus.paths import REPO_ROOT
 from daedalus.processes import end_step, kill_group, step_token
 from daedalus.sandbox import Sandbox
 from daedalus.schemas.agents import AgentResult, AgentTask, ExitReason

@@ -30,12 +30,13 @@ from daedalus.decisions.policy import Policy, load_policy
 from daedalus.errors import AgentConfigError, DevServerError, EngineError, SetupError, TicketError
 from daedalus.escaping import for_terminal as shown
 from daedalus.hosts.registry import load_registry
+from daedalus.paths import REPO_ROOT
 from daedalus.ports import port_is_open
 from daedalus.schemas.ticket import AgentName, Decision, DecisionKind, EngineKind, TicketSpec, TicketState
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+EXAMPLES = REPO_ROOT / "examples"
 DEMO_TICKET = EXAMPLES / "tickets" / "local-4.yaml"
 DEMO_REPOS = EXAMPLES / "demo"
 """The engine repos a demo ticket may name (`repo: .daedalus/demo/<name>`): each is copied from here."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+from daedalus.paths import REPO_ROOT
 
 
 class EngineSettings(BaseModel):

@@ -12,8 +12,8 @@ from pathlib import Path
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
-from daedalus.engines.paths import REPO_ROOT
 from daedalus.errors import PresetError
+from daedalus.paths import REPO_ROOT
 from daedalus.schemas.engines import LlamaCppPreset, Preset, VllmPreset
 
 PRESET_DIR = REPO_ROOT / "examples" / "presets"

@@ -55,6 +55,7 @@ from daedalus.hosts.bundle_install import (
 )
 from daedalus.hosts.bundle_install import sha256 as _sha256
 from daedalus.hosts.images import KNOWN_IMAGES
+from daedalus.paths import REPO_ROOT
 
 __all__ = [
     "DEBS",
@@ -157,7 +158,7 @@ def source_checkout() -> Path:
     """The Daedalus source checkout this module was imported from (its pyproject.toml and src/): a bundle is built
     from one. An installed Daedalus (a wheel, a host's venv) has none, and building says so; installing a bundle
     (bundle_install.py) never needs one."""
-    root = Path(__file__).resolve().parents[3]
+    root = REPO_ROOT
     if not (root / "pyproject.toml").is_file() or not (root / "src" / "daedalus").is_dir():
         raise BundleError(
             f"{root} is not a Daedalus source checkout (no pyproject.toml and src/daedalus): build a bundle "
