@@ -444,6 +444,26 @@ def h200_campaign_rows(f: Figures) -> list[Row]:
     ]
 
 
+def cli_startup_rows(f: Figures) -> list[Row]:
+    """Each decider's command: wall median (max) and CPU, met or MISSED; the baseline commit's beside it."""
+    baseline = f.get("baseline")
+    rows: list[Row] = []
+    for name, row in f["commands"].items():
+        value = f"{row['wall_s']['median']:.2f} s ({row['wall_s']['max']:.2f} max), CPU {row['cpu_s']['median']:.2f} s"
+        if baseline is not None:
+            old = baseline["commands"][name]
+            value += f"; at {baseline['commit'][:10]}: {old['wall_s']['median']:.2f} s, CPU {old['cpu_s']['median']:.2f} s"
+        verdict = "met" if row["goal_met"] else "MISSED"
+        rows.append(
+            (
+                f"`daedalus {name}` start-up to exit, median of {f['rounds']} against a running `daedalus up`",
+                value,
+                f"< {f['goal_s']:.0f} s wall: {verdict}",
+            )
+        )
+    return rows
+
+
 RENDERERS: dict[str, Callable[[Figures], list[Row]]] = {
     "coverage": coverage_rows,
     "sandbox": sandbox_rows,
@@ -460,6 +480,7 @@ RENDERERS: dict[str, Callable[[Figures], list[Row]]] = {
     "chaos-postgres": chaos_rows,
     "h200": h200_rows,
     "h200-campaign": h200_campaign_rows,
+    "cli_startup": cli_startup_rows,
 }
 """One renderer per reference file, in the order the table shows them."""
 NEEDS_A_GPU = {"h200", "h200-campaign"}
