@@ -432,7 +432,7 @@ async def retrying(what: str, call: Any, timeout_s: float = 120) -> Any:
     while True:
         try:
             return await call()
-        except (RPCError, RuntimeError, services.TicketError) as error:
+        except (RPCError, RuntimeError, services.RequestRefused) as error:
             if "already live" in str(error) or "already running" in str(error):
                 return None  # an earlier try started it; its answer was lost
             transient = isinstance(error, RPCError | RuntimeError) or isinstance(error.__cause__, RPCError)

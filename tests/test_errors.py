@@ -56,6 +56,8 @@ def test_every_error_is_under_the_root_and_travels_under_its_own_name() -> None:
     ("error", "retryable"),
     [
         (errors.TicketError("ticket 7 is already running"), False),
+        (errors.TrainingRefused("training run r is not live"), False),
+        (errors.CampaignRefused("campaign c refused: mallory may not cancel it"), False),
         (errors.GitError("git worktree add failed"), False),
         (errors.ServerDied("llama-server exited 1"), False),
         (errors.BudgetExceeded("spent $5.00 of $5.00"), False),
@@ -213,3 +215,12 @@ async def test_a_transient_error_is_retried_by_temporal(
     posted = await run_call(temporal_client, task_queue, [notify.notify_decision_request], call)
     assert NotifyResult.model_validate_json(posted).outcome is NotifyOutcome.POSTED
     assert slack.rate_limit_next == 0 and len(slack.posts) == 1
+
+
+def test_each_subject_refuses_with_its_own_class_under_one_root() -> None:
+    """Entry points catch RequestRefused; a training run's or a campaign's refusal is not a ticket's."""
+    for cls in (errors.TicketError, errors.TrainingRefused, errors.CampaignRefused, errors.NotAllowed):
+        assert issubclass(cls, errors.RequestRefused)
+    assert not issubclass(errors.TrainingRefused, errors.TicketError)
+    assert not issubclass(errors.CampaignRefused, errors.TicketError)
+    assert errors.RequestRefused.type_names() >= {"TicketError", "TrainingRefused", "CampaignRefused"}

@@ -18,7 +18,7 @@ import trustme
 from daedalus.config import TemporalSettings
 from daedalus.devserver import DevServer
 from daedalus.errors import BadSettings
-from daedalus.services import TicketError, connect
+from daedalus.services import RequestRefused, connect
 
 SERVER_NAME = "temporal.daedalus.test"
 
@@ -90,7 +90,7 @@ async def test_services_connect_with_their_client_certificate_and_no_one_else_do
     no_cert = trusted.model_copy(update={"tls_client_cert": None, "tls_client_key": None})
     plain = TemporalSettings(address=mtls_frontend)
     for refused in (rogue, no_cert, plain):
-        with pytest.raises(TicketError, match=f"cannot reach Temporal at {mtls_frontend}"):
+        with pytest.raises(RequestRefused, match=f"cannot reach Temporal at {mtls_frontend}"):
             await connect(refused.target, refused.namespace, **refused.connection())
 
 

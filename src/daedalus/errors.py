@@ -70,9 +70,11 @@ __all__ = [
     "ApiFailure",
     "BadButton",
     "BadSettings",
+    "BrokenInvariant",
     "BudgetExceeded",
     "BuildError",
     "BundleError",
+    "CampaignRefused",
     "DaedalusError",
     "DevServerError",
     "EngineError",
@@ -93,6 +95,7 @@ __all__ = [
     "PolicyFileError",
     "PresetError",
     "RegistryError",
+    "RequestRefused",
     "SandboxError",
     "SandboxUnavailable",
     "ServerDied",
@@ -103,6 +106,7 @@ __all__ = [
     "TokenError",
     "ToolError",
     "TrainingInputError",
+    "TrainingRefused",
     "TransientError",
     "TreeRefused",
     "UnknownRequest",
@@ -154,19 +158,32 @@ class InputError(DaedalusError):
     """What was filed or asked is wrong; the same input fails the same way, so it is never retried."""
 
 
-class TicketError(InputError):
-    """A request Daedalus refused; the message is for the person who made it."""
+class RequestRefused(InputError):
+    """A request Daedalus refused; the message is for the person who made it. Entry points catch this root; each
+    subject raises its own kind (a ticket's, a training run's, a campaign's)."""
 
 
-class UnknownRequest(TicketError):
+class TicketError(RequestRefused):
+    """A request about a ticket (or a question) that Daedalus refused."""
+
+
+class TrainingRefused(RequestRefused):
+    """A request about a training run that Daedalus refused (filing, stopping, deciding, reading its status)."""
+
+
+class CampaignRefused(RequestRefused):
+    """A request about a campaign that Daedalus refused (cancelling it, deciding its proposal)."""
+
+
+class UnknownRequest(RequestRefused):
     """A decision for a request no ticket, training run or campaign asked."""
 
 
-class TokenError(TicketError):
+class TokenError(RequestRefused):
     """A token command was given something it cannot use (an unknown id, a bad person)."""
 
 
-class NotAllowed(TicketError):
+class NotAllowed(RequestRefused):
     """The server's policy (policy.yaml) gives the person no authority for what they asked, or a spec tried to
     give them more than the policy does; the message says who may, or what to change."""
 
@@ -339,6 +356,15 @@ class PathEscape(ToolError):
 
 class ForbiddenCommand(ToolError):
     """A command on the deny list."""
+
+
+# ---- bugs: a fix is deployed, then Temporal retries ----------------------------------------------------
+
+
+class BrokenInvariant(DaedalusError):
+    """Workflow code found a state its own logic rules out: a bug, not bad input. Raised where an `assert` stood,
+    it fails the workflow task as the assert did (Temporal retries the task once a fix is deployed), and its
+    message says which rule broke."""
 
 
 # ---- transient: Temporal retries ------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from daedalus.schemas.campaigns import (
     campaign_workflow_id,
 )
 from daedalus.schemas.ticket import CancelRequest, Decision
-from daedalus.services import TicketError, campaigns
+from daedalus.services import CampaignRefused, campaigns
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 from daedalus.store.tables import CampaignRow
@@ -121,13 +121,13 @@ async def test_campaign_sweeps_records_a_crash_and_proposes_a_preset(
         assert status.cells_total == status.cells_done == 12 and status.cells_crashed == 2
         assert status.proposal is not None and status.proposal.preset == "q8_0-c512", status.proposal
         request_id = f"campaign-{spec.id}-escalation-1"
-        with pytest.raises(TicketError, match="may not decide"):
+        with pytest.raises(CampaignRefused, match="may not decide"):
             await tickets.decide(
                 temporal_client,
                 Decision(request_id=request_id, option="adopt", decided_by="mallory"),
                 store=sqlite_engine,
             )
-        with pytest.raises(TicketError, match="unknown option"):
+        with pytest.raises(CampaignRefused, match="unknown option"):
             await tickets.decide(
                 temporal_client,
                 Decision(request_id=request_id, option="maybe", decided_by="wayne"),
@@ -311,12 +311,14 @@ async def test_a_campaign_is_cancelled_by_a_decider_mid_sweep_and_says_who_and_w
         while not slow_cells:
             await asyncio.sleep(0.05)
         request = CancelRequest(requested_by="mallory", reason="mine now")
-        with pytest.raises(TicketError, match=r"mallory may not cancel campaign .*allowed: .*wayne.*lead"):
+        with pytest.raises(
+            CampaignRefused, match=r"mallory may not cancel campaign .*allowed: .*wayne.*lead"
+        ):
             await campaigns.cancel(temporal_client, spec.id, request)
         await campaigns.cancel(
             temporal_client, spec.id, CancelRequest(requested_by="wayne", reason="wrong model")
         )
-        with pytest.raises(TicketError, match="refused"):
+        with pytest.raises(CampaignRefused, match="refused"):
             await campaigns.cancel(
                 temporal_client, spec.id, CancelRequest(requested_by="wayne", reason="again")
             )

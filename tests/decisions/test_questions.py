@@ -21,7 +21,7 @@ from daedalus.decisions.questions import QuestionState, QuestionStatus
 from daedalus.decisions.rulings import Rule, Ruling, preset_breaks
 from daedalus.decisions.schemas import Decision
 from daedalus.engines.presets import load_preset
-from daedalus.errors import TicketError
+from daedalus.errors import RequestRefused
 from daedalus.ids import question_subject_key, question_workflow_id
 from daedalus.report import build_report, render_markdown
 from daedalus.services import questions
@@ -45,7 +45,7 @@ async def wait_status(client: Client, question_id: str, done: Any, limit: float 
             state = await questions.status(client, question_id)
             if done(state):
                 return state
-        except TicketError:
+        except RequestRefused:
             pass
         assert time.monotonic() < deadline, f"question {question_id} never got there"
         await asyncio.sleep(0.2)
@@ -131,7 +131,7 @@ def test_bad_questions_are_refused_with_the_field(change: dict[str, Any], messag
     import yaml
 
     data = yaml.safe_load((EXAMPLES / "kv-always-tbq.yaml").read_text())
-    with pytest.raises(TicketError, match=r"not a valid question|not a relative") as refused:
+    with pytest.raises(RequestRefused, match=r"not a valid question|not a relative") as refused:
         questions.parse_question({**data, **change}, "q.yaml")
     assert message.removeprefix("rule: Value error, ") in str(refused.value), str(refused.value)
 
@@ -170,13 +170,15 @@ async def test_a_question_answered_makes_a_ruling_that_refuses_a_later_ticket(
         assert any("makes a standing ruling" in line for line in request.evidence)
 
         # the same routing as every decision: the store says whose request it is
-        with pytest.raises(TicketError, match=r"lead may not decide question"):
+        with pytest.raises(RequestRefused, match=r"lead may not decide question"):
             await services.decide(
                 temporal_client,
                 Decision(request_id=request.id, option="rule", decided_by="lead", channel="api"),
                 store=store_engine,
             )
-        with pytest.raises(TicketError, match=r"unknown option 'maybe'.*choose one of \['rule', 'decline'\]"):
+        with pytest.raises(
+            RequestRefused, match=r"unknown option 'maybe'.*choose one of \['rule', 'decline'\]"
+        ):
             await services.decide(
                 temporal_client,
                 Decision(request_id=request.id, option="maybe", decided_by="wayne"),
@@ -204,7 +206,7 @@ async def test_a_question_answered_makes_a_ruling_that_refuses_a_later_ticket(
         )
         assert (held.breaks, held.anchored, held.events) == ([], 1, 5), held
         # a second answer is refused: the question is closed
-        with pytest.raises(TicketError, match=r"not live|not waiting"):
+        with pytest.raises(RequestRefused, match=r"not live|not waiting"):
             await services.decide(
                 temporal_client,
                 Decision(request_id=request.id, option="decline", decided_by="wayne"),
@@ -226,7 +228,9 @@ async def test_a_question_answered_makes_a_ruling_that_refuses_a_later_ticket(
 
     # a ticket whose preset contradicts it is refused at filing, naming the ruling; nothing is started
     refused = services.parse_spec(ticket(f"fp16-{task_queue[-8:]}", "vllm-fp16-baseline"))
-    with pytest.raises(TicketError, match=rf"contradicts standing rulings: .*ruling {spec.id} \('KV quant"):
+    with pytest.raises(
+        RequestRefused, match=rf"contradicts standing rulings: .*ruling {spec.id} \('KV quant"
+    ):
         await services.file_ticket(
             temporal_client, refused, queue=task_queue, filed_by="lead", store=store_engine
         )
@@ -268,7 +272,7 @@ async def test_a_question_past_its_deadline_closes_with_its_recorded_outcome(
             and done.decided_by is None
         )
         # the same id is never asked twice
-        with pytest.raises(TicketError, match="was asked before"):
+        with pytest.raises(RequestRefused, match="was asked before"):
             again = questions.parse_question({**data, "deciders": ["wayne"]})
             await questions.ask(
                 temporal_client, again, queue=task_queue, asked_by="lead", store=sqlite_engine
@@ -300,7 +304,7 @@ async def test_a_question_is_withdrawn_by_its_asker_and_refused_to_others(
         await wait_status(temporal_client, spec.id, lambda s: s.pending_decision is not None)
         from daedalus.decisions.questions import WithdrawQuestion
 
-        with pytest.raises(TicketError, match=r"mallory may not withdraw question .*\['lead', 'wayne'\]"):
+        with pytest.raises(RequestRefused, match=r"mallory may not withdraw question .*\['lead', 'wayne'\]"):
             await questions.withdraw(
                 temporal_client, spec.id, WithdrawQuestion(requested_by="mallory", reason="no")
             )
@@ -325,16 +329,16 @@ async def test_bad_asks_start_nothing(
     policy = load_policy(Path(__file__).resolve().parents[2] / "examples" / "policy.yaml")
     base = {"id": f"bad-{task_queue[-8:]}", "question": "?", "options": ["a", "b"]}
     past = questions.parse_question({**base, "deadline": datetime.now(UTC) - timedelta(minutes=1)})
-    with pytest.raises(TicketError, match="has passed"):
+    with pytest.raises(RequestRefused, match="has passed"):
         await questions.ask(temporal_client, past, queue=task_queue, asked_by="lead", policy=policy)
     far = questions.parse_question({**base, "deadline": "+200d"})
-    with pytest.raises(TicketError, match="more than 90 days away"):
+    with pytest.raises(RequestRefused, match="more than 90 days away"):
         await questions.ask(temporal_client, far, queue=task_queue, asked_by="lead", policy=policy)
     soon = {**base, "deadline": "+1d"}
-    with pytest.raises(TicketError, match=r"deciders names \['lead'\], who are not deciders"):
+    with pytest.raises(RequestRefused, match=r"deciders names \['lead'\], who are not deciders"):
         spec = questions.parse_question({**soon, "deciders": ["lead"]})
         await questions.ask(temporal_client, spec, queue=task_queue, asked_by="lead", policy=policy)
-    with pytest.raises(TicketError, match="mallory may not ask questions"):
+    with pytest.raises(RequestRefused, match="mallory may not ask questions"):
         await questions.ask(
             temporal_client,
             questions.parse_question(soon),
@@ -342,7 +346,7 @@ async def test_bad_asks_start_nothing(
             asked_by="mallory",
             policy=policy,
         )
-    with pytest.raises(TicketError, match="names no deciders and the server has no policy"):
+    with pytest.raises(RequestRefused, match="names no deciders and the server has no policy"):
         await questions.ask(
             temporal_client, questions.parse_question(soon), queue=task_queue, asked_by="lead"
         )
@@ -456,7 +460,7 @@ async def test_a_later_ruling_lifts_an_earlier_one(
         assert (await answer(first, "rule")).status is QuestionState.RULED
         assert [r.id for r in questions.read_rulings(sqlite_engine)] == [first.id]
         assert questions.ticket_breaks(fp8, questions.read_rulings(sqlite_engine))
-        with pytest.raises(TicketError, match=r"revokes \['nope'\], which are not standing rulings"):
+        with pytest.raises(RequestRefused, match=r"revokes \['nope'\], which are not standing rulings"):
             await questions.ask(
                 temporal_client, refused, queue=task_queue, asked_by="lead", store=sqlite_engine
             )

@@ -19,7 +19,7 @@ from daedalus.errors import NotAllowed
 from daedalus.schemas.audit import AuditKind
 from daedalus.schemas.ticket import Decision, DecisionKind, EngineKind, EngineRef, TicketSpec, TicketStatus
 from daedalus.schemas.training import HuntPolicy, RestartPolicy, RunState, StopTraining
-from daedalus.services import TicketError
+from daedalus.services import RequestRefused
 from daedalus.slack.settings import SlackSettings
 from daedalus.store.tables import DecisionRow
 from daedalus.workflows.ticket import TicketWorkflow
@@ -132,16 +132,16 @@ async def test_the_filer_cannot_approve_their_own_dispatch_nor_can_anyone_acting
         with pytest.raises(NotAllowed, match=r"wayne filed ticket .* and may not decide its dispatch"):
             await daedalus.decide(temporal_client, own, store=sqlite_engine, policy=policy)
         # The workflow's own validator refuses it too, with no policy at hand.
-        with pytest.raises(TicketError, match="may not decide its dispatch"):
+        with pytest.raises(RequestRefused, match="may not decide its dispatch"):
             await daedalus.decide(temporal_client, own, store=sqlite_engine)
         for_wayne = Decision(request_id=request.id, option="approve", decided_by="lead", channel="bot")
         with pytest.raises(
-            TicketError, match=r"lead may not decide dispatch for ticket .*; allowed: \['carol'\]"
+            RequestRefused, match=r"lead may not decide dispatch for ticket .*; allowed: \['carol'\]"
         ):
             await daedalus.decide(temporal_client, for_wayne, store=sqlite_engine, policy=policy)
         # Nor may he hand it to someone else: the delegation is refused before anything is written.
         handover = Delegation(granted_by="wayne", delegate="bob", kind=DecisionKind.DISPATCH)
-        with pytest.raises(TicketError, match=r"wayne filed ticket .* cannot delegate it either"):
+        with pytest.raises(RequestRefused, match=r"wayne filed ticket .* cannot delegate it either"):
             await daedalus.delegate(temporal_client, spec.id, handover)
         still = (await daedalus.status(temporal_client, spec.id)).pending_decision
         assert (

@@ -25,7 +25,7 @@ from daedalus.schemas.ticket import (
     TicketState,
     TicketStatus,
 )
-from daedalus.services import TicketError
+from daedalus.services import RequestRefused
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 from daedalus.workflows.ticket import TicketWorkflow
@@ -127,7 +127,7 @@ async def test_runtime_delegation_lets_the_lead_approve(
         handle = await daedalus.file_ticket(temporal_client, spec, queue=task_queue)
         _, request = await pending(handle)
         by_lead = Decision(request_id=request.id, option="approve", decided_by="lead")
-        with pytest.raises(TicketError, match="lead may not decide dispatch"):
+        with pytest.raises(RequestRefused, match="lead may not decide dispatch"):
             await daedalus.decide(temporal_client, by_lead, store=sqlite_engine)
         people = await daedalus.delegate(
             temporal_client,
@@ -164,7 +164,7 @@ async def test_validator_rejections_are_clear_and_write_nothing(
         assert written == before.audit_seq
 
         async def refused(call: object, fragment: str) -> None:
-            with pytest.raises(TicketError) as caught:
+            with pytest.raises(RequestRefused) as caught:
                 await call  # type: ignore[misc]
             assert fragment in str(caught.value), str(caught.value)
             assert str(caught.value).startswith(f"ticket {spec.id}")
@@ -175,7 +175,9 @@ async def test_validator_rejections_are_clear_and_write_nothing(
             assert len(rows) == written and "decided" not in kinds(rows) and "delegated" not in kinds(rows)
 
         # A request the store does not know never reaches a workflow; one it knows is checked by the ticket.
-        with pytest.raises(TicketError, match=f"unknown decision request '{spec.id}-dispatch-7': no ticket"):
+        with pytest.raises(
+            RequestRefused, match=f"unknown decision request '{spec.id}-dispatch-7': no ticket"
+        ):
             await daedalus.decide(
                 temporal_client,
                 Decision(request_id=f"{spec.id}-dispatch-7", option="approve", decided_by="wayne"),
@@ -223,7 +225,7 @@ async def test_validator_rejections_are_clear_and_write_nothing(
             ),
             "mallory may not cancel",
         )
-        with pytest.raises(TicketError, match="unknown decision request 'approve-it'"):
+        with pytest.raises(RequestRefused, match="unknown decision request 'approve-it'"):
             await daedalus.decide(
                 temporal_client,
                 Decision(request_id="approve-it", option="approve", decided_by="wayne"),
@@ -249,7 +251,7 @@ async def test_validator_rejections_are_clear_and_write_nothing(
                 store=store_engine,
             ),
         ):
-            with pytest.raises(TicketError, match=f"ticket {spec.id} is not live"):
+            with pytest.raises(RequestRefused, match=f"ticket {spec.id} is not live"):
                 await call
         assert len(events(store_engine, spec.id)) == closed
         assert (await handle.query(TicketWorkflow.state)).audit_seq == final.audit_seq
@@ -494,7 +496,7 @@ async def test_duplicate_live_id_is_refused_and_a_closed_id_can_be_filed_again(
     async with running_workers(temporal_client, store_engine, tmp_path, task_queue, host):
         first = await daedalus.file_ticket(temporal_client, spec, queue=task_queue)
         _, request = await pending(first)
-        with pytest.raises(TicketError, match=f"ticket {spec.id} is already live"):
+        with pytest.raises(RequestRefused, match=f"ticket {spec.id} is already live"):
             await daedalus.file_ticket(temporal_client, spec, queue=task_queue)
         await daedalus.decide(
             temporal_client,
@@ -543,7 +545,7 @@ async def test_a_server_side_policy_refuses_before_the_update(
         before, request = await pending(handle)
         by_lead = Decision(request_id=request.id, option="approve", decided_by="lead")
         with pytest.raises(
-            TicketError, match=f"ticket {spec.id} refused: the server lets only wayne dispatch"
+            RequestRefused, match=f"ticket {spec.id} refused: the server lets only wayne dispatch"
         ):
             await daedalus.decide(temporal_client, by_lead, store=sqlite_engine, policy=only_wayne)
         assert (await handle.query(TicketWorkflow.state)).audit_seq == before.audit_seq

@@ -15,7 +15,7 @@ from temporalio.client import Client
 
 from daedalus.api.settings import ApiSettings
 from daedalus.decisions.policy import Policy
-from daedalus.errors import RegistryError, TicketError
+from daedalus.errors import RegistryError, RequestRefused
 from daedalus.hosts.registry import Registry, load_registry
 from daedalus.slack.settings import SlackSettings
 from daedalus.store import tokens
@@ -54,7 +54,7 @@ class ApiContext:
                 if self._client is None:
                     try:
                         self._client = await self.client_factory()
-                    except TicketError as error:
+                    except RequestRefused as error:
                         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(error)) from error
         return self._client
 

@@ -14,7 +14,7 @@ from daedalus.api.errors import refusal, within
 from daedalus.api.models import DecisionPublic
 from daedalus.decisions.questions import QuestionStatus
 from daedalus.decisions.schemas import Decision
-from daedalus.errors import TicketError
+from daedalus.errors import RequestRefused
 from daedalus.ids import training_workflow_id
 from daedalus.schemas.campaigns import CampaignStatus
 from daedalus.schemas.ticket import TicketState, TicketStatus
@@ -48,7 +48,7 @@ async def decide(
             decision.request_id,
         )
         return await within(state_after(client, decision, accepted), timeout_s, decision.request_id)
-    except TicketError as error:
+    except RequestRefused as error:
         raise refusal(error) from error
 
 

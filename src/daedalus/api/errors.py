@@ -1,4 +1,4 @@
-"""Refusals as HTTP: TicketError -> the status its cause calls for; validation -> field paths a person can read."""
+"""Refusals as HTTP: RequestRefused -> the status its cause calls for; validation -> field paths a person can read."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeou
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from daedalus.errors import NotAllowed, TicketError
+from daedalus.errors import NotAllowed, RequestRefused
 from daedalus.services import UnknownRequest
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
 
 
-def status_for(error: TicketError) -> int:
-    """A TicketError's HTTP status, from what Temporal said underneath it."""
+def status_for(error: RequestRefused) -> int:
+    """A RequestRefused's HTTP status, from what Temporal said underneath it."""
     if isinstance(error, UnknownRequest):
         return status.HTTP_404_NOT_FOUND
     if isinstance(error, NotAllowed):
@@ -41,7 +41,7 @@ def status_for(error: TicketError) -> int:
     return status.HTTP_422_UNPROCESSABLE_CONTENT  # refused before reaching Temporal: a malformed id
 
 
-def refusal(error: TicketError) -> HTTPException:
+def refusal(error: RequestRefused) -> HTTPException:
     """The refusal a caller reads. Temporal's own gRPC text stays in the API's log: it names internals (payload
     sizes, service names) and tells the caller nothing they can act on."""
     code = status_for(error)

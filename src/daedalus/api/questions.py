@@ -14,7 +14,7 @@ from daedalus.api.context import Caller, Context, TemporalClient, require_same_p
 from daedalus.api.errors import refusal, within
 from daedalus.decisions.questions import QuestionSpec, QuestionStatus, WithdrawQuestion
 from daedalus.decisions.rulings import Ruling
-from daedalus.errors import TicketError
+from daedalus.errors import RequestRefused
 from daedalus.schemas._base import Model
 from daedalus.schemas.limits import SLUG_PATTERN
 from daedalus.services import questions
@@ -65,7 +65,7 @@ async def ask(spec: QuestionSpec, caller: Caller, context: Context, client: Temp
             context.settings.update_timeout_s,
             f"question {spec.id}",
         )
-    except TicketError as error:
+    except RequestRefused as error:
         raise refusal(error) from error
     return QuestionAsked(question_id=spec.id, workflow_id=handle.id, asked_by=caller, deciders=deciders)
 
@@ -106,7 +106,7 @@ async def show(
         return await within(
             questions.status(client, question_id), context.settings.update_timeout_s, question_id
         )
-    except TicketError as error:
+    except RequestRefused as error:
         raise refusal(error) from error
 
 
@@ -124,7 +124,7 @@ async def withdraw(
         return await within(
             questions.withdraw(client, question_id, request), context.settings.update_timeout_s, question_id
         )
-    except TicketError as error:
+    except RequestRefused as error:
         raise refusal(error) from error
 
 

@@ -16,7 +16,7 @@ from temporalio.client import Client
 from daedalus import services as tickets
 from daedalus.api.context import ApiContext, Context
 from daedalus.api.errors import within
-from daedalus.errors import BadButton, TicketError
+from daedalus.errors import BadButton, RequestRefused
 from daedalus.escaping import for_slack
 from daedalus.schemas.ticket import Decision
 from daedalus.slack.blocks import is_decision_action, parse_button_value
@@ -102,7 +102,7 @@ async def _decide_and_answer(
             timeout_s,
             decision.request_id,
         )
-    except TicketError as error:
+    except RequestRefused as error:
         await _answer(response_url, f"Refused: {for_slack(error)}. Nothing was decided.", False)
         return
     except HTTPException as error:

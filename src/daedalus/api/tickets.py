@@ -14,7 +14,7 @@ from daedalus.api.context import ApiContext, Caller, Context, TemporalClient, re
 from daedalus.api.errors import refusal, status_for, within
 from daedalus.api.hosts import waiting_lines
 from daedalus.api.models import Delegated, TicketDetail, TicketFiled, TicketSummary, VerdictPublic
-from daedalus.errors import TicketError
+from daedalus.errors import RequestRefused, TicketError
 from daedalus.ids import ticket_workflow_id
 from daedalus.schemas.audit import AuditEvent
 from daedalus.schemas.ticket import (
@@ -52,7 +52,7 @@ async def file_ticket(
             policy=context.policy,
             store=context.engine,
         )
-    except TicketError as error:
+    except RequestRefused as error:
         raise refusal(error) from error
     return TicketFiled(
         ticket_id=spec.id, workflow_id=handle.id, run_id=handle.first_execution_run_id, filed_by=caller
@@ -100,10 +100,10 @@ async def show_ticket(
             )
 
     live: TicketState | None = None
-    missing: TicketError | None = None
+    missing: RequestRefused | None = None
     try:
         live = await live_state(client, ticket_id, context.settings.update_timeout_s)
-    except TicketError as error:
+    except RequestRefused as error:
         missing = error
     projection, verdicts = await asyncio.to_thread(read)
     if live is None and projection is None:
@@ -142,7 +142,7 @@ async def live_state(client: Client, ticket_id: str, timeout_s: float) -> Ticket
             return None
     try:
         return await within(tickets.status(client, ticket_id), timeout_s, ticket_id)
-    except (TicketError, HTTPException):
+    except (RequestRefused, HTTPException):
         return None
 
 
@@ -159,7 +159,7 @@ async def delegate(
             context.settings.update_timeout_s,
             ticket_id,
         )
-    except TicketError as error:
+    except RequestRefused as error:
         raise refusal(error) from error
     return Delegated(ticket_id=ticket_id, kind=delegation.kind.value, delegates=people)
 
@@ -174,7 +174,7 @@ async def amend(
         return await within(
             tickets.amend(client, ticket_id, amendment), context.settings.update_timeout_s, ticket_id
         )
-    except TicketError as error:
+    except RequestRefused as error:
         raise refusal(error) from error
 
 
@@ -195,7 +195,7 @@ async def terminate(
             key=context.require_audit_key(),
             policy=context.policy,
         )
-    except TicketError as error:
+    except RequestRefused as error:
         raise refusal(error) from error
 
 
@@ -209,5 +209,5 @@ async def cancel(
         return await within(
             tickets.cancel(client, ticket_id, request), context.settings.update_timeout_s, ticket_id
         )
-    except TicketError as error:
+    except RequestRefused as error:
         raise refusal(error) from error

@@ -36,7 +36,7 @@ async def start_run(
             started_by=caller,
             policy=context.policy,
         )
-    except services.TicketError as error:
+    except services.RequestRefused as error:
         raise refusal(error) from error
     return RunStarted(
         name=spec.name,
@@ -52,7 +52,7 @@ async def run_status(name: str, _: Caller, context: Context, client: TemporalCli
     """State, memory now, slope, last checkpoint, deaths and the pending escalation of a run."""
     try:
         return await within(services.run_status(client, name), context.settings.update_timeout_s, name)
-    except services.TicketError as error:
+    except services.RequestRefused as error:
         raise refusal(error) from error
 
 
@@ -66,5 +66,5 @@ async def stop_run(
     stopping = services.stop_run(client, name, request, policy=context.policy)
     try:
         return await within(stopping, context.settings.update_timeout_s, name)
-    except services.TicketError as error:
+    except services.RequestRefused as error:
         raise refusal(error) from error

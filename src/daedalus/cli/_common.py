@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import typer
 from rich.console import Console
 
-from daedalus.errors import BadSettings, RegistryError, SetupError, TicketError
+from daedalus.errors import BadSettings, RegistryError, RequestRefused, SetupError
 from daedalus.escaping import for_terminal
 
 # Imported where used: a command loads Temporal's client, the store and the policy only when it needs them
@@ -88,7 +88,7 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
 
     try:
         return asyncio.run(stoppable())
-    except TicketError as error:
+    except RequestRefused as error:
         fail(str(error))
     except asyncio.CancelledError:
         if not stopped_by:
@@ -212,7 +212,7 @@ def waiting_on_hosts(tickets: Sequence[TicketOnHost]) -> dict[str, str]:
 
     try:
         return asyncio.run(ask())
-    except (TicketError, RPCError):
+    except (RequestRefused, RPCError):
         return {}
 
 

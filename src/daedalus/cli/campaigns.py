@@ -141,7 +141,7 @@ def cancel(
     """Stop a running campaign after the cell it is measuring, or its waiting proposal; the trail says who and why."""
     from pydantic import ValidationError
 
-    from daedalus.errors import TicketError
+    from daedalus.errors import RequestRefused
     from daedalus.schemas.ticket import CancelRequest
     from daedalus.services import campaigns
 
@@ -155,7 +155,7 @@ def cancel(
 
     try:
         state = run(go())
-    except TicketError as error:
+    except RequestRefused as error:
         fail(str(error))
     console.print(
         f"campaign {for_terminal(campaign_id)}: cancel requested by {request.requested_by}; it stops after the "

@@ -27,7 +27,14 @@ from daedalus.cli._common import console, fail, run
 from daedalus.cli.tickets import print_audit, print_state
 from daedalus.config import Settings
 from daedalus.decisions.policy import Policy, load_policy
-from daedalus.errors import AgentConfigError, DevServerError, EngineError, SetupError, TicketError
+from daedalus.errors import (
+    AgentConfigError,
+    DevServerError,
+    EngineError,
+    RequestRefused,
+    SetupError,
+    TicketError,
+)
 from daedalus.escaping import for_terminal as shown
 from daedalus.hosts.registry import load_registry
 from daedalus.paths import REPO_ROOT
@@ -81,7 +88,7 @@ def demo(
     settings = _common.settings()
     try:
         spec = tickets.load_spec(ticket)
-    except TicketError as error:
+    except RequestRefused as error:
         fail(str(error))
     policy_file = settings.policy_file or DEMO_POLICY
     try:
@@ -90,7 +97,7 @@ def demo(
         fail(str(error))
     try:
         template = demo_repo_template(spec)
-    except TicketError as error:
+    except RequestRefused as error:
         fail(str(error))
     console.rule("[bold]Daedalus demo")
     _prepare_engine(spec)

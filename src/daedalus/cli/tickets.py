@@ -24,7 +24,7 @@ from daedalus.cli._common import (
     waiting_on_hosts,
 )
 from daedalus.cli.remote import Remote, local_person, shared_stack
-from daedalus.errors import RegistryError, TicketError
+from daedalus.errors import RegistryError, RequestRefused
 from daedalus.escaping import for_terminal as shown
 from daedalus.schemas.ticket import (
     CancelRequest,
@@ -76,7 +76,7 @@ def create(
     """File a ticket: validates the whole spec first, then starts workflow ticket-<id>."""
     try:
         spec = tickets.load_spec(file)
-    except TicketError as error:
+    except RequestRefused as error:
         fail(str(error))
     remote = shared_stack()
     if remote is not None:
@@ -594,7 +594,7 @@ def verify_audit(
     async def go() -> Verification:
         try:
             temporal = await client()
-        except TicketError as error:
+        except RequestRefused as error:
             found = await verify(store(), key, None, ticket)
             found.unanchored = [f"Temporal is unreachable ({error})"]
             return found

@@ -63,7 +63,7 @@ def start(
 def _read_spec(file: Path) -> TrainingRunSpec:
     try:
         return services.load_run_spec(file, base=Path.cwd())
-    except services.TicketError as error:
+    except services.RequestRefused as error:
         fail(str(error))
 
 

@@ -30,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
         Delegation,
         DeskState,
     )
+    from daedalus.errors import BrokenInvariant
     from daedalus.schemas.audit import AuditKind
     from daedalus.workflows.trail import AuditTrail
 
@@ -262,7 +263,8 @@ class DecisionDesk:
 
     async def _remind(self) -> None:
         request = self.state.pending
-        assert request is not None  # only a pending request is waited on
+        if request is None:
+            raise BrokenInvariant("a reminder for no pending request: only a pending request is waited on")
         request = request.changed(reminders_sent=request.reminders_sent + 1)
         self._set(pending=request)
         await self.trail.record(

@@ -1,5 +1,6 @@
 """The one service layer every entry point calls (CLI, HTTP API, Slack, the demo): tickets, training runs
-and decisions. Each turns Temporal's errors into `TicketError`s whose messages say what to do.
+and decisions. Each turns Temporal's errors into refusals (`RequestRefused`, one kind per subject) whose messages say
+what to do.
 
 Each name is imported from its module on first use: `daedalus ticket show` needs `status`, not the decision
 desk, the training runs and every workflow they name (a CLI command pays each import on every start)."""
@@ -10,7 +11,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from daedalus.services._temporal import CampaignRefused as CampaignRefused
+    from daedalus.services._temporal import RequestRefused as RequestRefused
     from daedalus.services._temporal import TicketError as TicketError
+    from daedalus.services._temporal import TrainingRefused as TrainingRefused
     from daedalus.services._temporal import UnknownRequest as UnknownRequest
     from daedalus.services._temporal import connect as connect
     from daedalus.services.decisions import decide as decide
@@ -31,7 +35,10 @@ if TYPE_CHECKING:
     from daedalus.services.training import stop_run as stop_run
 
 _EXPORTS = {
+    "CampaignRefused": "_temporal",
+    "RequestRefused": "_temporal",
     "TicketError": "_temporal",
+    "TrainingRefused": "_temporal",
     "UnknownRequest": "_temporal",
     "connect": "_temporal",
     "decide": "decisions",

@@ -29,7 +29,13 @@ from daedalus.errors import NotAllowed
 from daedalus.schemas.campaigns import CampaignStatus
 from daedalus.schemas.ticket import TicketState
 from daedalus.schemas.training import TrainingRunStatus
-from daedalus.services._temporal import TicketError, UnknownRequest, update
+from daedalus.services._temporal import (
+    CampaignRefused,
+    RequestRefused,
+    TrainingRefused,
+    UnknownRequest,
+    update,
+)
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 from daedalus.workflows.campaign import CampaignWorkflow
@@ -41,7 +47,7 @@ SUBJECT: TypeAdapter[DecisionSubject] = TypeAdapter(DecisionSubject)
 
 
 async def subject_of(request_id: str, *, store: Engine) -> DecisionSubject:
-    """Which subject asked `request_id`, from the store; a TicketError when nobody did."""
+    """Which subject asked `request_id`, from the store; an UnknownRequest when nobody did."""
 
     def read() -> str | None:
         with session_scope(store) as session:
@@ -56,7 +62,7 @@ async def subject_of(request_id: str, *, store: Engine) -> DecisionSubject:
     try:
         return SUBJECT.validate_json(found)
     except ValidationError as error:
-        raise TicketError(
+        raise RequestRefused(
             f"decision request {request_id!r} names a subject this version does not know"
         ) from error
 
@@ -73,7 +79,7 @@ async def decide(
     id, the option and the decider's authority before anything is written."""
     if subject is None:
         if store is None:
-            raise TicketError(
+            raise RequestRefused(
                 f"cannot tell whose decision {decision.request_id!r} is: no store to look it up in"
             )
         subject = await subject_of(decision.request_id, store=store)
@@ -87,12 +93,22 @@ async def decide(
             return state
         case TrainingRunSubject():
             status: TrainingRunStatus = await update(
-                client, subject.workflow_id, subject.label, TrainingRunWorkflow.decide, decision
+                client,
+                subject.workflow_id,
+                subject.label,
+                TrainingRunWorkflow.decide,
+                decision,
+                refused=TrainingRefused,
             )
             return status
         case CampaignSubject():
             campaign: CampaignStatus = await update(
-                client, subject.workflow_id, subject.label, CampaignWorkflow.decide, decision
+                client,
+                subject.workflow_id,
+                subject.label,
+                CampaignWorkflow.decide,
+                decision,
+                refused=CampaignRefused,
             )
             return campaign
         case QuestionSubject():

@@ -1,6 +1,6 @@
 """Training runs: read and check a run file, start a run, stop it, read its status.
 
-The CLI (`daedalus train ...`) and the HTTP API (`/training`) both call these; a refusal is a `TicketError`
+The CLI (`daedalus train ...`) and the HTTP API (`/training`) both call these; a refusal is a `TrainingRefused`
 whose message says what is wrong and what to do.
 """
 
@@ -23,21 +23,21 @@ from daedalus.ids import training_workflow_id
 from daedalus.schemas import search_attributes
 from daedalus.schemas.training import StopTraining, TrainingRunInput, TrainingRunSpec, TrainingRunStatus
 from daedalus.schemas.ui import training_summary
-from daedalus.services._temporal import TicketError, update
+from daedalus.services._temporal import TrainingRefused, update
 from daedalus.workflows.training import TrainingRunWorkflow
 
 
 def parse_run_spec(data: Any, source: str = "run") -> TrainingRunSpec:
     """Validate a run; every problem is reported with its field path, before anything starts."""
     if not isinstance(data, dict):
-        raise TicketError(
+        raise TrainingRefused(
             f"{source}: a run file is a mapping of fields (name, host, command, ...), got {type(data).__name__}"
         )
     try:
         spec = TrainingRunSpec.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'run'}: {e['msg']}" for e in exc.errors())
-        raise TicketError(f"{source}: invalid training run: {problems}") from exc
+        raise TrainingRefused(f"{source}: invalid training run: {problems}") from exc
     require_startable(spec, source)
     return spec
 
@@ -45,7 +45,7 @@ def parse_run_spec(data: Any, source: str = "run") -> TrainingRunSpec:
 def require_startable(spec: TrainingRunSpec, source: str = "run") -> None:
     """Checked when a run starts, not in the schema, so that runs filed before the rule still load."""
     if spec.restart.escalate_after_deaths and spec.hunt.engine is None:
-        raise TicketError(
+        raise TrainingRefused(
             f"{source}: hunt.engine is missing: the hunting ticket opened after "
             f"{spec.restart.escalate_after_deaths} deaths needs the repository its agent works in, e.g. "
             "hunt: {agent: codex, engine: {name: trainer, kind: repo, repo: <path or URL>, base_commit: main}}"
@@ -58,9 +58,9 @@ def load_run_spec(path: Path, base: Path | None = None) -> TrainingRunSpec:
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
-        raise TicketError(f"{path}: cannot read the run file: {exc.strerror or exc}") from exc
+        raise TrainingRefused(f"{path}: cannot read the run file: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:
-        raise TicketError(f"{path}: not valid YAML: {exc}") from exc
+        raise TrainingRefused(f"{path}: not valid YAML: {exc}") from exc
     spec = parse_run_spec(data, str(path))
     return spec.resolved_against(base) if base is not None else spec
 
@@ -84,7 +84,7 @@ async def start_run(
     gpus = 0
     if hosts is not None:
         if spec.host not in hosts.names:
-            raise TicketError(f"training run {spec.name}: {unknown_host_message(spec.host, hosts.names)}")
+            raise TrainingRefused(f"training run {spec.name}: {unknown_host_message(spec.host, hosts.names)}")
         gpus = hosts.host(spec.host).gpus.count
     dispatch = None
     if policy is not None:
@@ -101,7 +101,7 @@ async def start_run(
             static_summary=training_summary(spec),
         )
     except WorkflowAlreadyStartedError as error:
-        raise TicketError(
+        raise TrainingRefused(
             f"training run {spec.name} is already running; `daedalus train stop {spec.name}` first"
         ) from error
 
@@ -120,9 +120,14 @@ async def stop_run(
             )
     try:
         result: TrainingRunStatus = await update(
-            client, training_workflow_id(name), f"training run {name}", TrainingRunWorkflow.stop, request
+            client,
+            training_workflow_id(name),
+            f"training run {name}",
+            TrainingRunWorkflow.stop,
+            request,
+            refused=TrainingRefused,
         )
-    except TicketError as error:
+    except TrainingRefused as error:
         if isinstance(error.__cause__, RPCError) and error.__cause__.status is RPCStatusCode.NOT_FOUND:
             await _explain_missing(client, name, error.__cause__)
         raise
@@ -137,10 +142,10 @@ async def run_status(client: Client, name: str) -> TrainingRunStatus:
         return status
     except RPCError as error:
         if error.status is not RPCStatusCode.NOT_FOUND:
-            raise TicketError(f"training run {name}: {error.message}") from error
+            raise TrainingRefused(f"training run {name}: {error.message}") from error
         await _explain_missing(client, name, error)
     except WorkflowQueryFailedError as error:
-        raise TicketError(f"training run {name} could not report its status: {error}") from error
+        raise TrainingRefused(f"training run {name} could not report its status: {error}") from error
 
 
 async def _explain_missing(client: Client, name: str, not_found: RPCError) -> NoReturn:
@@ -149,8 +154,8 @@ async def _explain_missing(client: Client, name: str, not_found: RPCError) -> No
     try:
         ended = await client.get_workflow_handle(workflow_id).describe()
     except RPCError as missing:
-        raise TicketError(f"no training run named {name} (workflow {workflow_id} not found)") from missing
+        raise TrainingRefused(f"no training run named {name} (workflow {workflow_id} not found)") from missing
     state = ended.status.name.lower() if ended.status else "closed"
-    raise TicketError(
+    raise TrainingRefused(
         f"training run {name} has already ended (workflow {state}); `daedalus train history {name}`"
     ) from not_found

@@ -21,6 +21,7 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from daedalus.activities.refs import PASSED_TICKETS, PAUSE_TENANT, RESUME_TENANT
+    from daedalus.errors import BrokenInvariant
     from daedalus.hosts.leases import (
         HostConfig,
         KeeperEvent,
@@ -290,7 +291,8 @@ class LeaseKeeperWorkflow:
 
     def _grant(self, lease_id: str, gpus: list[int], now: datetime) -> None:
         waiting = self._waiting(lease_id)
-        assert waiting is not None
+        if waiting is None:
+            raise BrokenInvariant(f"lease {lease_id} granted while not waiting")
         self._state.waiting.remove(waiting)
         request = waiting.request
         self._state.held.append(

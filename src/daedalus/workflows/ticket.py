@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
         HostProblemOption,
         TicketEscalationOption,
     )
+    from daedalus.errors import BrokenInvariant
     from daedalus.ids import ticket_workflow_id
     from daedalus.schemas import search_attributes as sa
     from daedalus.schemas.gates import Verdict
@@ -262,7 +263,10 @@ class TicketWorkflow:
 
     async def _one_attempt(self, number: int) -> rules.Closed | None:
         spec = self.spec
-        assert spec.agent is not None  # checked by _lifecycle
+        if spec.agent is None:
+            raise BrokenInvariant(
+                f"ticket {spec.id}: an attempt was dispatched with no agent (_lifecycle checks)"
+            )
         await self.rec.transition(
             TicketStatus.DISPATCHED, f"attempt {number} dispatched to {spec.agent.name.value}"
         )
@@ -275,7 +279,8 @@ class TicketWorkflow:
 
     async def _build_and_gate(self, summary: AttemptSummary) -> rules.Closed | None:
         spec = self.spec
-        assert summary.commit is not None  # only a committed attempt is built and measured
+        if summary.commit is None:
+            raise BrokenInvariant(f"ticket {spec.id}: attempt {summary.number} built with no commit")
         if spec.build is not None:
             await self.rec.transition(
                 TicketStatus.BUILDING, f"building attempt {summary.number} on {spec.host}"

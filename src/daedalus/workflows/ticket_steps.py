@@ -22,6 +22,7 @@ from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from daedalus.activities.refs import RUN_ATTEMPT, RUN_BUILD, RUN_GATE
+    from daedalus.errors import BrokenInvariant
     from daedalus.hosts.leases import LeaseRequest
     from daedalus.ids import host_queue, lease_id_for, ticket_workflow_id
     from daedalus.schemas.agents import ExitReason
@@ -142,7 +143,8 @@ class TicketSteps:
     ) -> AttemptSummary | None:
         """Build the attempt's commit (without an agent: `engine` at its commit, checked out by the build); the
         attempt marked BUILD_FAILED when it did not build, else None."""
-        assert spec.build is not None  # the workflow builds only tickets with a build command
+        if spec.build is None:
+            raise BrokenInvariant(f"ticket {spec.id}: the workflow builds only tickets with a build command")
         number = summary.number
         build = await self.steps.on_host(
             RUN_BUILD,

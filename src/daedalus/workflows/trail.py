@@ -38,6 +38,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from daedalus.activities.refs import RECORD_AUDIT_EVENT, RECORD_AUDIT_EVENTS
     from daedalus.decisions.schemas import Decision, DecisionRequest
+    from daedalus.errors import BrokenInvariant
     from daedalus.schemas.audit import (
         AuditBatch,
         AuditEvent,
@@ -116,13 +117,13 @@ class AuditTrail(Generic[V]):
     @property
     def written(self) -> V:
         """The view as of the last event the store holds."""
-        assert self._written_view is not None, (
-            "AuditTrail.begin() is called at the end of the workflow's init"
-        )
+        if self._written_view is None:
+            raise BrokenInvariant("AuditTrail.begin() is called at the end of the workflow's init")
         return self._written_view
 
     def carry(self) -> TrailState:
-        assert self.idle, "a workflow flushes its trail before it continues as new"
+        if not self.idle:
+            raise BrokenInvariant("a workflow flushes its trail before it continues as new")
         return TrailState(seq=self.seq, status=self.written_status)
 
     def batch_writes(self) -> None:

@@ -37,7 +37,7 @@ from daedalus.api.decisions import state_after
 from daedalus.api.errors import explain_problems, within
 from daedalus.api.report import report_response
 from daedalus.decisions.schemas import Channel, Decision, DecisionKind
-from daedalus.errors import TicketError
+from daedalus.errors import RequestRefused
 from daedalus.schemas.ticket import TICKET_ID_PATTERN, CancelRequest, Delegation, TicketState
 from daedalus.store import queries
 from daedalus.store.database import session_scope
@@ -451,7 +451,7 @@ async def decide(request: Request) -> Response:
             timeout_s,
             request_id,
         )
-    except (TicketError, HTTPException) as error:
+    except (RequestRefused, HTTPException) as error:
         flash(done.session, "error", f"refused: {refusal_text(error)}")
         return back(done, origin)
     now = ""
@@ -459,7 +459,7 @@ async def decide(request: Request) -> Response:
         after = await within(state_after(client, decision, accepted), timeout_s, request_id)
         if isinstance(after, TicketState):
             now = f"; ticket {after.spec.id} is now {after.status.value}"
-    except (TicketError, HTTPException):
+    except (RequestRefused, HTTPException):
         now = "; it is being recorded"
     lesson = " (your note is recorded as a lesson)" if decision.lesson else ""
     flash(done.session, "ok", f"{decision.decided_by} chose {option!r} for {request_id}{now}{lesson}")
@@ -489,7 +489,7 @@ async def delegate(request: Request, ticket_id: str) -> Response:
             context.settings.update_timeout_s,
             ticket_id,
         )
-    except (TicketError, HTTPException) as error:
+    except (RequestRefused, HTTPException) as error:
         flash(done.session, "error", f"refused: {refusal_text(error)}")
         return back(done, origin)
     flash(
@@ -520,7 +520,7 @@ async def cancel(request: Request, ticket_id: str) -> Response:
             context.settings.update_timeout_s,
             ticket_id,
         )
-    except (TicketError, HTTPException) as error:
+    except (RequestRefused, HTTPException) as error:
         flash(done.session, "error", f"refused: {refusal_text(error)}")
         return back(done, origin)
     flash(

@@ -17,7 +17,7 @@ from daedalus.api.models import AuditEventPublic, DecisionPublic, TicketSummary,
 from daedalus.api.tickets import live_state
 from daedalus.decisions.authority import refusal
 from daedalus.decisions.schemas import Decision, DecisionKind, DecisionRequest
-from daedalus.errors import TicketError
+from daedalus.errors import RequestRefused
 from daedalus.schemas.ticket import AttemptSummary, TicketSpec, TicketState
 from daedalus.store import queries
 from daedalus.store.database import session_scope
@@ -160,7 +160,7 @@ async def queue(context: ApiContext, person: str) -> list[Waiting]:
             return waiting  # a training run's or a campaign's: answered by request id alone
         try:
             state = await live_state(client, row.ticket_id, timeout_s)
-        except TicketError:
+        except RequestRefused:
             return waiting
         if state is None or state.pending_decision is None or state.pending_decision.id != row.request_id:
             return waiting
@@ -204,7 +204,7 @@ async def ticket_page(context: ApiContext, ticket_id: str, person: str) -> Ticke
     live: TicketState | None = None
     try:
         live = await live_state(await context.client(), ticket_id, context.settings.update_timeout_s)
-    except TicketError:
+    except RequestRefused:
         live = None
     projection, filed, verdicts, events, child_rows = await asyncio.to_thread(read)
     if live is None and projection is None:
