@@ -10,6 +10,7 @@ from sqlalchemy import Engine
 
 from daedalus.report import build_report, render_html, render_markdown
 from daedalus.store.database import session_scope
+from tests.report import seeded
 from tests.report.seeded import fill
 
 
@@ -42,6 +43,8 @@ def test_markdown_has_the_seeds_sections(store_engine: Engine, tmp_path: Path) -
     )
     assert "55.1, 56, 55.7, 56.4, 55.9, 56.2, 55.8" in text
     assert "host mavis, commit f7332846aa, attempt 2" in text
+    # the host's load while the gate's rounds ran (MEASUREMENT.md: contention is part of the evidence)
+    assert f"- single-user decode host load: {seeded.HOST_LOAD}" in text
     # an A/B gate: before is the baseline, after the candidate, with both sides' rounds
     assert "| batch-8 MTP vs AR | FAIL | 274.9 tok/s | 231.9 tok/s |" in text
     assert "231.9, 230.4, 233 vs baseline 274.9, 276.1, 273.3" in text

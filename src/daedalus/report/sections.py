@@ -55,7 +55,12 @@ def sections(report: Report, *, with_charts: bool = True) -> list[Section]:
             out.append(calibration)
     if report.training:
         out.append(_training(report, with_charts))
-    out += [_decisions(report), _lessons(report)]
+    out.append(_decisions(report))
+    if report.questions is not None:  # questions that belong to no ticket, standing rulings
+        from daedalus.report.questions import questions_sections
+
+        out += questions_sections(report.questions)
+    out.append(_lessons(report))
     return out
 
 
@@ -118,6 +123,12 @@ def _tickets(report: Report, with_charts: bool) -> Section:
                 else f"- {cell(g.latest.gate)}: {cell(g.latest.reason)}"
                 for g in view.gates
                 if g.latest.reason
+            ]
+            # The host's load while each gate's rounds ran (gates/contention.py), kept in its evidence.
+            reasons += [
+                f"- {cell(g.latest.gate)} host load: {cell(g.latest.evidence['host_load'])}"
+                for g in view.gates
+                if g.latest.evidence.get("host_load")
             ]
             if reasons:
                 lines.extend(["", *reasons])
