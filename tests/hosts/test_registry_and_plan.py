@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from daedalus.hosts.leases import KeeperState, Lease, LeaseRequest, TenantMode, TenantState, Waiting, plan
+from daedalus.hosts.leases import (
+    KeeperState,
+    Lease,
+    LeaseRequest,
+    TenantMode,
+    TenantState,
+    WaitingLease,
+    plan,
+)
 from daedalus.hosts.registry import (
     Constraint,
     HostSpec,
@@ -75,7 +83,7 @@ def state(
         {"name": "h", "gpus": {"count": 4}, "tenants": [tenant.spec] if tenant else []}
     )
     queue = [
-        Waiting(request=r, seq=i, requested_at=NOW + timedelta(seconds=i), last_heartbeat=NOW)
+        WaitingLease(request=r, seq=i, requested_at=NOW + timedelta(seconds=i), last_heartbeat=NOW)
         for i, r in enumerate(waiting)
     ]
     leases = [

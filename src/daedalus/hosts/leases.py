@@ -83,7 +83,7 @@ class LeaseRequest(Model):
         return self
 
 
-class Waiting(State):
+class WaitingLease(State):
     request: LeaseRequest
     seq: int
     requested_at: datetime
@@ -195,7 +195,7 @@ class KeeperState(State):
     pool_constraints: list[Constraint] = Field(default_factory=list)
     passed_tickets: list[str] = Field(default_factory=list)
     held: list[Lease] = Field(default_factory=list)
-    waiting: list[Waiting] = Field(default_factory=list)
+    waiting: list[WaitingLease] = Field(default_factory=list)
     tenants: list[TenantState] = Field(default_factory=list)
     counters: KeeperCounters = Field(default_factory=KeeperCounters)
     events: list[KeeperEvent] = Field(default_factory=list, description="the latest, newest last")
@@ -288,12 +288,12 @@ def waiting_ttl_s(request: LeaseRequest) -> float:
     return max(request.ttl_s, WAITING_TTL_FLOOR_S)
 
 
-def effective_priority(waiting: Waiting, now: datetime, aging_s: float) -> float:
+def effective_priority(waiting: WaitingLease, now: datetime, aging_s: float) -> float:
     waited = (now - waiting.requested_at).total_seconds()
     return waiting.request.priority + max(0.0, waited) // aging_s
 
 
-def ranked(state: KeeperState, now: datetime) -> list[Waiting]:
+def ranked(state: KeeperState, now: datetime) -> list[WaitingLease]:
     return sorted(state.waiting, key=lambda w: (-effective_priority(w, now, state.aging_s), w.seq))
 
 

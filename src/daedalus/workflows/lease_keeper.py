@@ -38,7 +38,7 @@ with workflow.unsafe.imports_passed_through():
         TenantDemand,
         TenantMode,
         TenantState,
-        Waiting,
+        WaitingLease,
         constraint_refusal,
         gpu_refusal,
         plan,
@@ -129,7 +129,9 @@ class LeaseKeeperWorkflow:
             waiting = self._waiting(lease_id)
             if waiting is None:
                 self._state.waiting.append(
-                    Waiting(request=request, seq=self._state.next_seq, requested_at=now, last_heartbeat=now)
+                    WaitingLease(
+                        request=request, seq=self._state.next_seq, requested_at=now, last_heartbeat=now
+                    )
                 )
                 self._state.next_seq += 1
                 self._changed = True
@@ -336,7 +338,7 @@ class LeaseKeeperWorkflow:
                     waiting, now, f"not granted within {request.wait_timeout_s:g}s; held by {holders}"
                 )
 
-    def _refuse(self, waiting: Waiting, now: datetime, reason: str) -> None:
+    def _refuse(self, waiting: WaitingLease, now: datetime, reason: str) -> None:
         self._state.waiting.remove(waiting)
         lease_id = waiting.request.lease_id
         self._refusals[lease_id] = LeaseOutcome(
@@ -489,7 +491,7 @@ class LeaseKeeperWorkflow:
     def _held(self, lease_id: str) -> Lease | None:
         return next((lease for lease in self._state.held if lease.lease_id == lease_id), None)
 
-    def _waiting(self, lease_id: str) -> Waiting | None:
+    def _waiting(self, lease_id: str) -> WaitingLease | None:
         return next((w for w in self._state.waiting if w.request.lease_id == lease_id), None)
 
     def _tenant(self, name: str) -> TenantState:

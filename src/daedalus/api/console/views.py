@@ -25,7 +25,7 @@ from daedalus.workflows.ticket_rules import tree_commands
 
 
 @dataclass
-class Waiting:
+class QueueEntry:
     """One pending decision request, as the queue lists it."""
 
     row: DecisionPublic
@@ -139,7 +139,7 @@ def why_not(request: DecisionRequest, person: str, context: ApiContext) -> str |
     return refusal(request, probe, context.policy)
 
 
-async def queue(context: ApiContext, person: str) -> list[Waiting]:
+async def queue(context: ApiContext, person: str) -> list[QueueEntry]:
     """Every pending decision, the signed-in person's first, each ticket's with its request as asked now."""
 
     def read() -> tuple[list[DecisionPublic], dict[str, str]]:
@@ -154,8 +154,8 @@ async def queue(context: ApiContext, person: str) -> list[Waiting]:
     client = await context.client()
     timeout_s = context.settings.update_timeout_s
 
-    async def one(row: DecisionPublic) -> Waiting:
-        waiting = Waiting(row=row, mine=person in row.deciders, title=titles.get(row.ticket_id, ""))
+    async def one(row: DecisionPublic) -> QueueEntry:
+        waiting = QueueEntry(row=row, mine=person in row.deciders, title=titles.get(row.ticket_id, ""))
         if row.ticket_id not in titles:
             return waiting  # a training run's or a campaign's: answered by request id alone
         try:
