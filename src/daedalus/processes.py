@@ -58,12 +58,22 @@ class Finished:
         return log_tail(self.log_path, limit)
 
 
-def log_tail(path: Path, limit: int = TAIL_BYTES) -> str:
-    if not path.exists():
-        return ""
-    with path.open("rb") as handle:
-        handle.seek(max(0, path.stat().st_size - limit))
-        return handle.read().decode(errors="replace")
+LINES_TAIL_BYTES = 64 * 1024
+
+
+def log_tail(path: Path, limit: int | None = None, *, lines: int | None = None, missing: str = "") -> str:
+    """The end of a log or output file, the one tail helper: its last `limit` bytes (TAIL_BYTES by default; a
+    file of gigabytes costs the reader no more), then of those its last `lines` lines when `lines` is given
+    (read from the last LINES_TAIL_BYTES by default). `missing` when there is no file to read."""
+    window = limit if limit is not None else (TAIL_BYTES if lines is None else LINES_TAIL_BYTES)
+    try:
+        with path.open("rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, size - window))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return missing
+    return text if lines is None else "\n".join(text.splitlines()[-lines:])
 
 
 def group_members(pgid: int) -> list[psutil.Process]:

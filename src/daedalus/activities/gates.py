@@ -3,7 +3,6 @@
 
 import asyncio
 import json
-import os
 import time
 from pathlib import Path
 
@@ -88,7 +87,7 @@ class GateActivities:
             )
             return self._invalid(request, f"gate command {what}: {log_tail(log_path, 600)}", evidence)
         try:
-            measurement = parse_measurement(read_tail(stdout_path, GATE_OUTPUT_BYTES))
+            measurement = parse_measurement(log_tail(stdout_path, GATE_OUTPUT_BYTES))
         except ValueError as error:
             return self._invalid(request, str(error), evidence)
         if finished.unlimited:
@@ -119,14 +118,6 @@ class GateActivities:
             commit=request.commit,
             evidence=evidence,
         )
-
-
-def read_tail(path: Path, limit: int) -> str:
-    """The last `limit` bytes of a file: a gate that prints gigabytes costs the worker no more than that."""
-    with path.open("rb") as file:
-        size = file.seek(0, os.SEEK_END)
-        file.seek(max(0, size - limit))
-        return file.read().decode(errors="replace")
 
 
 def parse_measurement(stdout: str) -> GateMeasurement:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from temporalio import activity
 
-from daedalus.activities.gates import parse_measurement, read_tail
+from daedalus.activities.gates import parse_measurement
 from daedalus.activities.refs import (
     DEPLOY_CHECKPOINT,
     EVALUATE_CHECKPOINT,
@@ -117,7 +117,7 @@ class TrainingActivities:
             reason = f"the evaluation command {what}: {log_tail(done.log, 600)}"
             return CheckpointEvaluated(step=step, result=_invalid(inp, reason, evidence))
         try:
-            measurement = parse_measurement(read_tail(done.stdout, GATE_OUTPUT_BYTES))
+            measurement = parse_measurement(log_tail(done.stdout, GATE_OUTPUT_BYTES))
         except ValueError as error:
             return CheckpointEvaluated(step=step, result=_invalid(inp, str(error), evidence))
         if finished.unlimited:

@@ -38,6 +38,7 @@ from daedalus.engines.vllm import prefix_caching_problem
 from daedalus.errors import BuildError, EngineError, EngineSetupError
 from daedalus.gates.statistics import clopper_pearson
 from daedalus.gates.verdicts import decide
+from daedalus.processes import log_tail
 from daedalus.schemas.campaigns import BASE_KV, CampaignCell, CampaignSpec, CellOutcome, CellResult
 from daedalus.schemas.engines import (
     DraftSpec,
@@ -229,7 +230,7 @@ def _log_tail(workdir: Path, lines: int = 5) -> str:
     logs = sorted(workdir.rglob("server-*.log"), key=lambda p: p.stat().st_mtime)
     if not logs:
         return ""
-    return " | ".join(logs[-1].read_text(errors="replace").strip().splitlines()[-lines:])
+    return " | ".join(log_tail(logs[-1], lines=lines).strip().splitlines())
 
 
 async def measure_cell(

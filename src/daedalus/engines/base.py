@@ -16,9 +16,10 @@ import structlog
 
 from daedalus.engines.metrics import flatten
 from daedalus.engines.openai_api import OpenAIEndpoint
-from daedalus.engines.process import GroupProcess, tail
+from daedalus.engines.process import GroupProcess
 from daedalus.errors import EngineError, EngineSetupError, MetricsUnavailable, ServerDied
 from daedalus.ports import port_in_use
+from daedalus.processes import log_tail
 from daedalus.schemas.engines import LlamaCppPreset, VllmPreset
 
 log = structlog.get_logger(__name__)
@@ -49,7 +50,7 @@ class Server:
         if code is not None:
             raise ServerDied(
                 f"{self.adapter.preset.name}: the server exited with code {code}; "
-                f"last lines of {self.log_path}:\n{tail(self.log_path)}"
+                f"last lines of {self.log_path}:\n{log_tail(self.log_path, lines=30, missing='(no log written)')}"
             )
 
     async def wait_healthy(self, timeout_s: float = 120.0) -> None:
@@ -67,7 +68,7 @@ class Server:
                 if time.monotonic() > deadline:
                     raise EngineError(
                         f"{self.adapter.preset.name}: not healthy after {timeout_s:.0f}s; last lines of "
-                        f"{self.log_path}:\n{tail(self.log_path)}"
+                        f"{self.log_path}:\n{log_tail(self.log_path, lines=30, missing='(no log written)')}"
                     )
                 await asyncio.sleep(0.1)
 

@@ -12,10 +12,9 @@ from daedalus.engines.bench import Side, run_round
 from daedalus.engines.gpu import GpuUnavailable, NvmlDevice, settled_used_bytes
 from daedalus.engines.llama_build import LlamaBuild
 from daedalus.engines.llama_cpp import parse_kv_cache_log
-from daedalus.engines.process import tail
 from daedalus.engines.runner import launched
 from daedalus.errors import EngineError
-from daedalus.processes import group_members
+from daedalus.processes import group_members, log_tail
 from daedalus.schemas.engines import (
     CapacityResult,
     KibPerTokenFit,
@@ -236,7 +235,7 @@ async def wall_sweep(
             log_path = workdir / f"wall-{ctx}" / f"server-{p.name}.log"
             probes.append(WallProbe(context=ctx, ok=False, crashed=True, detail=str(exc).splitlines()[0]))
             findings.append(f"context {ctx}: the server crashed (a finding, not a harness error); "
-                            f"log {log_path}:\n{tail(log_path, 5)}")  # fmt: skip
+                            f"log {log_path}:\n{log_tail(log_path, lines=5, missing='(no log written)')}")  # fmt: skip
         if not probes[-1].ok:
             break
     ok = [p.context for p in probes if p.ok]

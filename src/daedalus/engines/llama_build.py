@@ -24,8 +24,9 @@ from typing import Literal
 import structlog
 
 from daedalus.engines.paths import cache_root
-from daedalus.engines.process import run_logged, tail
+from daedalus.engines.process import run_teed
 from daedalus.errors import BuildError, EngineError, EngineSetupError
+from daedalus.processes import log_tail
 
 log = structlog.get_logger(__name__)
 
@@ -228,10 +229,10 @@ async def build_llama_cpp(
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
         started = time.monotonic()
         configure = ["cmake", "-S", str(source), "-B", str(build_dir), *generator, *flags, *configure_extra]
-        rc = await run_logged(configure, build_log)
+        rc = await run_teed(configure, build_log)
         if rc != 0:
             raise BuildError(
-                f"cmake configure failed (exit {rc}); last lines of {build_log}:\n{tail(build_log)}"
+                f"cmake configure failed (exit {rc}); last lines of {build_log}:\n{log_tail(build_log, lines=30, missing='(no log written)')}"
             )
 
         def progress(line: str) -> None:
@@ -240,9 +241,11 @@ async def build_llama_cpp(
                 on_progress(int(m.group(1)), int(m.group(2)), line)
 
         compile_cmd = ["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *TARGETS]
-        rc = await run_logged(compile_cmd, build_log, on_line=progress)
+        rc = await run_teed(compile_cmd, build_log, on_line=progress)
         if rc != 0:
-            raise BuildError(f"cmake build failed (exit {rc}); last lines of {build_log}:\n{tail(build_log)}")
+            raise BuildError(
+                f"cmake build failed (exit {rc}); last lines of {build_log}:\n{log_tail(build_log, lines=30, missing='(no log written)')}"
+            )
         for name in TARGETS:
             result.binary(name)
         info = {

@@ -18,15 +18,6 @@ from daedalus.processes import kill_group
 log = structlog.get_logger(__name__)
 
 
-def tail(path: Path, lines: int = 30) -> str:
-    """The last `lines` lines of a log file, for error messages."""
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        return "(no log written)"
-    return "\n".join(text.splitlines()[-lines:])
-
-
 class GroupProcess:
     """A long-running child (a server) in its own session, its output appended to a log file."""
 
@@ -96,7 +87,7 @@ class GroupProcess:
         return self._popen.returncode
 
 
-async def run_logged(
+async def run_teed(
     argv: Sequence[str],
     log_path: Path,
     *,
@@ -104,7 +95,9 @@ async def run_logged(
     env: Mapping[str, str] | None = None,
     on_line: Callable[[str], None] | None = None,
 ) -> int:
-    """Run a command to completion in its own process group, teeing lines to `log_path`.
+    """Run an engine tool (argv, no shell) to completion in its own process group, teeing each line to `log_path`
+    and to `on_line`; returns its exit code. Workflow steps run through daedalus.processes.run_logged instead
+    (a shell command, confined, heartbeating, with a deadline).
 
     Cancellation (an activity cancelled, a Ctrl-C) kills the whole group before re-raising.
     """

@@ -10,10 +10,11 @@ from pathlib import Path
 
 from daedalus.engines.base import Server
 from daedalus.engines.llama_build import LlamaBuild
-from daedalus.engines.process import run_logged, tail
+from daedalus.engines.process import run_teed
 from daedalus.engines.tiny_model import _WORDS
 from daedalus.errors import EngineError
 from daedalus.gates.statistics import clopper_pearson
+from daedalus.processes import log_tail
 from daedalus.schemas.engines import (
     GarbageFinding,
     GarbageKind,
@@ -220,10 +221,10 @@ async def perplexity(
     # line went missing is run again, at most PERPLEXITY_RUNS times in all.
     for _ in range(PERPLEXITY_RUNS):
         log_path.unlink(missing_ok=True)
-        rc = await run_logged(argv, log_path, env=preset.env)
+        rc = await run_teed(argv, log_path, env=preset.env)
         if rc != 0:
             raise EngineError(
-                f"llama-perplexity failed (exit {rc}); last lines of {log_path}:\n{tail(log_path)}"
+                f"llama-perplexity failed (exit {rc}); last lines of {log_path}:\n{log_tail(log_path, lines=30, missing='(no log written)')}"
             )
         text = log_path.read_text(errors="replace")
         if _PPL.search(text):

@@ -14,6 +14,7 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
+from daedalus.processes import log_tail
 from daedalus.schemas.training import Death, DeathClass, StopReason
 from daedalus.training.curve import CURVE_FILE
 from daedalus.training.incarnation import DEATH_FILE, OOM_BASELINE_FILE
@@ -86,15 +87,6 @@ def classify(
     return DeathClass.CRASH, None, f"crashed with {how}"
 
 
-def tail(path: Path, limit: int) -> str:
-    try:
-        with path.open("rb") as handle:
-            handle.seek(max(0, path.stat().st_size - limit))
-            return handle.read().decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def recorded(run_dir: Path, classify_death: Callable[[], Death]) -> Death:
     """Classify the incarnation's end once; a retried call returns the same recorded death."""
     known = run_dir / DEATH_FILE
@@ -139,7 +131,7 @@ def keep_evidence(run_dir: Path, artifact_dir: Path) -> tuple[str | None, str | 
             out.write(curve_src.read_text())
         os.replace(tmp, curve_dst)
     tail_dst = artifact_dir / "log-tail.txt"
-    text = tail(run_dir / LOG_FILE, LOG_TAIL_BYTES)
+    text = log_tail(run_dir / LOG_FILE, LOG_TAIL_BYTES)
     tmp = tail_dst.with_suffix(".tmp")
     tmp.write_text(text)
     os.replace(tmp, tail_dst)
