@@ -21,7 +21,7 @@ from daedalus.campaigns.spec import CampaignSpecError, load_campaign
 from daedalus.cli.demo import demo_repo_template, with_demo_repo
 from daedalus.engines.presets import load_preset, parse_preset
 from daedalus.errors import PresetError
-from daedalus.gates.verdicts import decide
+from daedalus.gates.verdicts import judge
 from daedalus.schemas.campaigns import CampaignSpec, CellOutcome
 from daedalus.schemas.engines import LlamaCppPreset
 from daedalus.schemas.gates import Verdict
@@ -133,7 +133,7 @@ async def test_seed_7_local_ticket_runs_end_to_end_on_the_stock_cpu_build(
             print(f"\nlocal-7 {gate.name}: {result.verdict.value} — {result.reason}", file=sys.stderr)
             assert result.verdict is not Verdict.INVALID, f"{gate.name}: {result.reason}"
             assert result.gate_spec is not None and result.measurement is not None
-            assert decide(result.gate_spec, result.measurement).verdict is result.verdict
+            assert judge(result.gate_spec, result.measurement).verdict is result.verdict
             if gate.metric.value == "compression":
                 assert result.median is not None and result.median > 1.0, (
                     result

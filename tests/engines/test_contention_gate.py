@@ -26,7 +26,7 @@ from daedalus.activities.workspace import Workspace
 from daedalus.confinement import StepSettings
 from daedalus.engines.llama_build import LlamaBuild
 from daedalus.gates import contention
-from daedalus.gates.verdicts import decide
+from daedalus.gates.verdicts import judge
 from daedalus.schemas.gates import GateResult, GateSpec, Verdict
 from daedalus.schemas.steps import GateInput, ResourceLimits
 
@@ -70,7 +70,7 @@ def burning() -> Iterator[list[int]]:
 def low_bar(result: GateResult) -> GateResult:
     """The same measurement judged against a bar the tiny model clears."""
     assert result.gate_spec is not None and result.measurement is not None, result.reason
-    return decide(result.gate_spec.model_copy(update={"threshold": 1.0}), result.measurement)
+    return judge(result.gate_spec.model_copy(update={"threshold": 1.0}), result.measurement)
 
 
 async def test_a_quiet_hosts_gate_still_fails_and_passes_as_before(

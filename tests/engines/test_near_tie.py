@@ -11,7 +11,7 @@ import pytest
 
 from daedalus.engines.openai_api import ApiError, parse_logprobs
 from daedalus.engines.quality import SEED_PROBE_COUNT, identity_probes, identity_result, judge_identity
-from daedalus.gates.verdicts import decide
+from daedalus.gates.verdicts import judge
 from daedalus.schemas.engines import GreedyStream, IdentityProbe, ProbeOutcome
 from daedalus.schemas.gates import GateMeasurement, GateSpec, Verdict
 
@@ -126,5 +126,5 @@ def test_the_probe_set_is_the_seeds_sixty_and_the_gate_needs_all() -> None:
     assert not result.passed and result.identical == 59 and "1 failed of 60" in result.detail
     gate = GateSpec(name="identity", metric="temp0_identity", threshold=1.0, command="x")
     samples = [1.0 if j.passed else 0.0 for j in result.judgements]
-    assert decide(gate, GateMeasurement(samples=samples)).verdict is Verdict.FAIL
-    assert decide(gate, GateMeasurement(samples=[1.0] * 60)).verdict is Verdict.PASS
+    assert judge(gate, GateMeasurement(samples=samples)).verdict is Verdict.FAIL
+    assert judge(gate, GateMeasurement(samples=[1.0] * 60)).verdict is Verdict.PASS

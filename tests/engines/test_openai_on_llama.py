@@ -14,7 +14,7 @@ from daedalus.engines.openai_api import OpenAIEndpoint
 from daedalus.engines.presets import load_preset
 from daedalus.engines.quality import identity_probes, temp0_identity
 from daedalus.engines.runner import launched
-from daedalus.gates.verdicts import decide
+from daedalus.gates.verdicts import judge
 from daedalus.schemas.engines import LlamaCppPreset, Workload
 from daedalus.schemas.gates import GateSpec, Metric, Verdict
 
@@ -87,7 +87,7 @@ async def test_measure_keeps_provenance_and_artifacts(
     assert p.model == str(tiny_model.resolve()) and p.model_sha256 and p.preset == "local-f16"
     assert p.artifacts == str((tmp_path / "m").resolve()) and (tmp_path / "m" / "bench.json").is_file()
     gate = GateSpec(name="decode", metric="decode_tps", threshold=1.0, command="x")
-    result = decide(gate, measured, host="pc", commit="abc")
+    result = judge(gate, measured, host="pc", commit="abc")
     assert (
         result.verdict is Verdict.PASS and result.provenance is not None and result.provenance.commit == "abc"
     )

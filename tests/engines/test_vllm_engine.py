@@ -43,7 +43,7 @@ from daedalus.engines.runner import launched
 from daedalus.engines.vllm import VllmAdapter, parse_kv_cache_log, parse_metrics, prefix_caching_problem
 from daedalus.engines.vllm_env import SERVER_MODULE, VllmEnvironment, installed_environment
 from daedalus.errors import EngineError, EngineSetupError
-from daedalus.gates.verdicts import decide
+from daedalus.gates.verdicts import judge
 from daedalus.ports import free_port
 from daedalus.schemas.engines import GreedyStream, ProbeOutcome, VllmPreset, Workload
 from daedalus.schemas.gates import GateResult, GateSpec, Metric, Verdict
@@ -181,8 +181,8 @@ async def test_capacity_from_cache_config_info_first_and_the_cpu_start_up_line(
     )
     assert pool.samples == [float(expected)] and pool.invalid_reason is None
     assert "cache_config_info" in pool.method and "disagreement" not in pool.evidence
-    assert decide(gate("kv_pool_tokens", expected), pool).verdict is Verdict.PASS
-    assert decide(gate("kv_pool_tokens", expected + 1), pool).verdict is Verdict.FAIL
+    assert judge(gate("kv_pool_tokens", expected), pool).verdict is Verdict.PASS
+    assert judge(gate("kv_pool_tokens", expected + 1), pool).verdict is Verdict.FAIL
 
     tight = await vllm_servers.get(TIGHT.name)
     tight_metrics = parse_metrics(await asyncio.to_thread(tight.metrics_text))
@@ -219,8 +219,8 @@ async def test_ngram_acceptance_length_and_its_per_position_curve(
     first = _from_bench(Metric.POSITION_ACCEPTANCE, bench, artifact, position=1)
     third = _from_bench(Metric.POSITION_ACCEPTANCE, bench, artifact, position=3)
     assert all(a >= b for a, b in zip(first.samples, third.samples, strict=True))
-    assert decide(gate("acceptance_length", 1.0), length).verdict is Verdict.PASS
-    assert decide(gate("acceptance_length", 4.5), length).verdict is Verdict.FAIL  # k + 1 = 4 is the ceiling
+    assert judge(gate("acceptance_length", 1.0), length).verdict is Verdict.PASS
+    assert judge(gate("acceptance_length", 4.5), length).verdict is Verdict.FAIL  # k + 1 = 4 is the ceiling
 
     plain = await vllm_servers.get(TIGHT.name)
     no_drafts = await benchmark(Side(TIGHT.name, plain), Workload(rounds=2, max_tokens=16, prompt_words=8),
@@ -248,7 +248,7 @@ async def test_ab_decode_speculative_against_plain_both_resident(
     # INCONCLUSIVE (as it should be), never FAIL.
     ratios = [c / b for c, b in zip(ab.samples, ab.baseline_samples, strict=True)]
     assert statistics.median(ratios) > 0.1, ratios
-    assert decide(gate("decode_tps", 0.01, kind="ab"), ab).verdict in (Verdict.PASS, Verdict.INCONCLUSIVE)
+    assert judge(gate("decode_tps", 0.01, kind="ab"), ab).verdict in (Verdict.PASS, Verdict.INCONCLUSIVE)
 
 
 async def test_where_the_time_goes_from_vllms_request_histograms(
@@ -277,9 +277,9 @@ async def test_where_the_time_goes_from_vllms_request_histograms(
         and decode.unit == "ms per request in decode"
     )
     assert any("prefill" in v for k, v in decode.evidence.items() if k.endswith("ms")), decode.evidence
-    result = decide(gate("segment_ms", 60_000.0), decode)  # a minute per request: any live server passes
+    result = judge(gate("segment_ms", 60_000.0), decode)  # a minute per request: any live server passes
     assert result.verdict is Verdict.PASS, result.reason
-    assert decide(gate("segment_ms", 0.001), decode).verdict is Verdict.FAIL
+    assert judge(gate("segment_ms", 0.001), decode).verdict is Verdict.FAIL
 
 
 async def test_requests_must_name_the_served_model(vllm_servers: VllmServers) -> None:
@@ -337,14 +337,14 @@ async def test_preemptions_are_counted_and_make_the_run_invalid(
     artifact.write_text(crowd.model_dump_json())
     decode = _from_bench(Metric.DECODE_TPS, crowd, artifact)
     assert decode.preemptions == crowd.preemptions
-    verdict = decide(gate("decode_tps", 1.0), decode)
+    verdict = judge(gate("decode_tps", 1.0), decode)
     assert verdict.verdict is Verdict.INVALID and "preempt" in verdict.reason
     # A gate on the preemptions themselves (ticket 4's "no preemptions") FAILs on them: they are its measurement.
     counted = _from_bench(Metric.PREEMPTIONS, crowd, artifact)
     assert counted.invalid_reason is None and counted.samples == [float(crowd.preemptions)]
-    assert decide(gate("preemptions", 0, op="<="), counted).verdict is Verdict.FAIL
+    assert judge(gate("preemptions", 0, op="<="), counted).verdict is Verdict.FAIL
     assert (
-        decide(gate("preemptions", 0, op="<="), _from_bench(Metric.PREEMPTIONS, alone, artifact)).verdict
+        judge(gate("preemptions", 0, op="<="), _from_bench(Metric.PREEMPTIONS, alone, artifact)).verdict
         is Verdict.PASS
     )
 
@@ -449,6 +449,6 @@ async def test_a_server_that_dies_mid_run_makes_it_invalid(vllm_servers: VllmSer
     artifact = Path(tight.log_path).with_name("dies.json")
     artifact.write_text(bench.model_dump_json())
     assert (
-        decide(gate("decode_tps", 1.0), _from_bench(Metric.DECODE_TPS, bench, artifact)).verdict
+        judge(gate("decode_tps", 1.0), _from_bench(Metric.DECODE_TPS, bench, artifact)).verdict
         is Verdict.INVALID
     )

@@ -17,7 +17,7 @@ from daedalus.engines.measure import measure
 from daedalus.engines.presets import load_preset
 from daedalus.engines.process import EngineError
 from daedalus.engines.provenance import resolve_model
-from daedalus.gates.verdicts import decide
+from daedalus.gates.verdicts import judge
 from daedalus.schemas.engines import Workload
 from daedalus.schemas.gates import GateSpec, Metric, Verdict
 
@@ -52,7 +52,7 @@ async def test_fork_tq_kv_capacity_of_a_hub_model_on_the_stand_in(
 ) -> None:
     pool = await measure(Metric.KV_POOL_TOKENS, presets[0], HF_ID, workdir=tmp_path / "pool")
     assert pool.samples == [1_006_896.0] and pool.invalid_reason is None
-    result = decide(gate("kv_pool_tokens", 369_712), pool)
+    result = judge(gate("kv_pool_tokens", 369_712), pool)
     assert result.verdict is Verdict.PASS and "deterministic" in result.reason
     conc = await measure(Metric.MAX_CONCURRENCY, presets[0], HF_ID, workdir=tmp_path / "conc")
     assert conc.samples == [61.46]
@@ -76,7 +76,7 @@ async def test_fork_mtp_acceptance_length_and_position_curve_on_the_stand_in(
     )
     assert length.invalid_reason is None and len(length.samples) == 5
     assert all(2.5 < s < 3.5 for s in length.samples), length.samples  # the fake's pattern: ~2.98
-    assert decide(gate("acceptance_length", 2.5), length).verdict is Verdict.PASS
+    assert judge(gate("acceptance_length", 2.5), length).verdict is Verdict.PASS
     first = await measure(Metric.POSITION_ACCEPTANCE, presets[0], HF_ID, workload=workload, workdir=tmp_path / "p",
                           position=1)  # fmt: skip
     third = await measure(Metric.POSITION_ACCEPTANCE, presets[0], HF_ID, workload=workload, workdir=tmp_path / "q",
@@ -103,7 +103,7 @@ async def test_fork_mtp_ab_in_alternating_residency_on_the_stand_in(
     # Each start warms up before its measured round.
     assert sum(r["warmup"] for r in bench["rounds"]) == 10 and bench["residency"] == "alternating"
     # MTP3 yields ~3 tokens a step, AR one: the candidate is faster per user.
-    assert decide(gate("decode_tps", 1.5, kind="ab"), ab).verdict is Verdict.PASS
+    assert judge(gate("decode_tps", 1.5, kind="ab"), ab).verdict is Verdict.PASS
 
 
 def test_models_as_vllm_takes_them(tmp_path: Path) -> None:

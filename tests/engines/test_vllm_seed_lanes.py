@@ -37,7 +37,7 @@ from daedalus.engines.vllm import VllmAdapter, parse_kv_cache_log, parse_metrics
 from daedalus.engines.vllm_env import installed_environment
 from daedalus.engines.workspace import decode_workspace, tree_rss
 from daedalus.errors import EngineSetupError, TicketError
-from daedalus.gates.verdicts import decide
+from daedalus.gates.verdicts import judge
 from daedalus.schemas.engines import VllmPreset, Workload
 from daedalus.schemas.gates import GateSpec, Metric, Verdict
 from daedalus.services import load_spec
@@ -126,7 +126,7 @@ async def test_seed_5_decode_workspace_is_a_measured_figure_and_an_overlong_prom
     assert (
         measured.evidence["log_pool_tokens"] == measured.evidence["metrics_pool_tokens"] == str(POOL_TOKENS)
     )
-    verdict = decide(local_five(), measured)
+    verdict = judge(local_five(), measured)
     assert verdict.verdict in (Verdict.PASS, Verdict.FAIL), verdict.reason
     print(f"\nlocal-5 decode workspace: {verdict.verdict.value} — {verdict.reason}", file=sys.stderr)
     # A prompt past max_model_len is refused by the server: INVALID with vLLM's reason, never a figure.
@@ -134,7 +134,7 @@ async def test_seed_5_decode_workspace_is_a_measured_figure_and_an_overlong_prom
                                       idle_rss=lanes.idle_rss["pool"])  # fmt: skip
     refused = workspace_measurement(too_long, pool.adapter.preset, pool.log_text(), "", tmp_path)
     assert refused.invalid_reason is not None and "maximum context length is 4096" in refused.invalid_reason
-    assert decide(local_five(), refused).verdict is Verdict.INVALID
+    assert judge(local_five(), refused).verdict is Verdict.INVALID
 
 
 def test_seed_5_a_gate_whose_prompt_cannot_fit_its_preset_is_refused_at_filing(tmp_path: Path) -> None:
@@ -197,7 +197,7 @@ async def test_seed_6e_occupancy_gate_stops_drafting_in_a_full_batch_and_batch8_
     artifact.write_text(bench.model_dump_json())
     ab = _from_bench(Metric.DECODE_TPS, bench, artifact)
     # The seed's gate (examples/tickets/6-tp4-mtp.yaml): 8 users not negative after gating, ratio >= 0.97.
-    verdict = decide(gate("decode_tps", 0.97, kind="ab"), ab)
+    verdict = judge(gate("decode_tps", 0.97, kind="ab"), ab)
     assert verdict.verdict is not Verdict.INVALID, verdict.reason
     print(
         f"\n6e occupancy gating, batch 8 gated/plain: {verdict.verdict.value} — {verdict.reason}",
@@ -217,7 +217,7 @@ async def test_seed_6f_batch8_k1_against_plain_decoding(lanes: Lanes, tmp_path: 
     ab = _from_bench(Metric.DECODE_TPS, bench, artifact)
     assert ab.invalid_reason is None, ab.invalid_reason
     assert ab.baseline_samples is not None and len(ab.samples) == 3
-    verdict = decide(gate("decode_tps", 1.0, kind="ab", confidence=0.75), ab)
+    verdict = judge(gate("decode_tps", 1.0, kind="ab", confidence=0.75), ab)
     assert verdict.verdict in (Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE), verdict.reason
     print(f"\n6f batch 8, k=1/plain: {verdict.verdict.value} — {verdict.reason}", file=sys.stderr)
 
@@ -240,7 +240,7 @@ async def test_seed_6_tensor_parallel_two_ranks_one_per_core(lanes: Lanes, tmp_p
     artifact.write_text(bench.model_dump_json())
     ab = _from_bench(Metric.DECODE_TPS, bench, artifact)
     assert ab.invalid_reason is None, ab.invalid_reason
-    verdict = decide(gate("decode_tps", 1.0, kind="ab"), ab)
+    verdict = judge(gate("decode_tps", 1.0, kind="ab"), ab)
     print(f"\nTP2/TP1 single user: {verdict.verdict.value} — {verdict.reason}", file=sys.stderr)
 
 

@@ -24,7 +24,7 @@ from daedalus.cli.demo import DEMO_REPOS, demo_repo_template, with_demo_repo
 from daedalus.engines.hf_tiny_model import ensure_hf_model
 from daedalus.engines.vllm_env import installed_environment
 from daedalus.errors import EngineSetupError
-from daedalus.gates.verdicts import decide
+from daedalus.gates.verdicts import judge
 from daedalus.schemas.gates import Verdict
 from daedalus.schemas.ticket import Decision, DecisionKind, TicketStatus
 from daedalus.services import load_spec
@@ -68,7 +68,7 @@ async def test_seed_ticket_4_on_vllm_closes_as_its_gates_say(
             assert result.verdict is not Verdict.INVALID, f"{gate.name}: {result.reason}"
             # Re-derived from what the verdict stores alone.
             assert result.gate_spec is not None and result.measurement is not None
-            assert decide(result.gate_spec, result.measurement).verdict is result.verdict
+            assert judge(result.gate_spec, result.measurement).verdict is result.verdict
             # Measured on the overlay built at the attempt's commit, its vLLM starts timed apart from measuring.
             assert result.provenance is not None and attempt.commit is not None
             assert f"at {attempt.commit[:12]} (nothing to install)" in result.provenance.engine_build

@@ -20,7 +20,7 @@ import pytest
 
 from daedalus.gates import contention
 from daedalus.gates.contention import CONTENDED_SHARE, LoadMeter
-from daedalus.gates.verdicts import decide, rederive
+from daedalus.gates.verdicts import judge, rederive
 from daedalus.schemas.gates import GateMeasurement, GateResult, GateSpec, RoundLoad, Verdict
 
 SLOW = [50.0, 51.0, 49.5, 50.5, 50.2, 49.8, 50.9]  # decode tok/s: below a 55 bar, above a 40 one
@@ -44,7 +44,7 @@ BUSY = [load(i, 1.6 if i in (2, 3, 5) else 0.04, others=["burn (pid 4242) 0.80 C
 
 
 def test_a_fail_on_a_quiet_host_stays_a_fail_and_carries_its_load() -> None:
-    result = decide(gate(), GateMeasurement(samples=SLOW, unit="tok/s", host_load=QUIET))
+    result = judge(gate(), GateMeasurement(samples=SLOW, unit="tok/s", host_load=QUIET))
     assert result.verdict is Verdict.FAIL, result.reason
     assert result.host_load is not None and "2% of 2 CPUs over 7 measured rounds" in result.host_load
     assert "not contended (>= 25%)" in result.host_load, result.host_load
@@ -52,7 +52,7 @@ def test_a_fail_on_a_quiet_host_stays_a_fail_and_carries_its_load() -> None:
 
 
 def test_a_fail_measured_while_the_host_was_busy_is_invalid_and_names_the_contention() -> None:
-    result = decide(gate(), GateMeasurement(samples=SLOW, unit="tok/s", host_load=BUSY))
+    result = judge(gate(), GateMeasurement(samples=SLOW, unit="tok/s", host_load=BUSY))
     assert result.verdict is Verdict.INVALID, result.reason
     assert (
         "the host was busy with other work while the rounds ran: other work took 35% of 2 CPUs"
@@ -69,33 +69,33 @@ def test_a_fail_measured_while_the_host_was_busy_is_invalid_and_names_the_conten
 
 
 def test_a_pass_despite_the_load_stands() -> None:
-    result = decide(gate(threshold=40), GateMeasurement(samples=SLOW, unit="tok/s", host_load=BUSY))
+    result = judge(gate(threshold=40), GateMeasurement(samples=SLOW, unit="tok/s", host_load=BUSY))
     assert result.verdict is Verdict.PASS, result.reason
     assert "the rounds ran while other work took the host" in result.reason
 
 
 def test_an_interval_straddling_the_threshold_under_load_is_invalid_not_inconclusive() -> None:
-    result = decide(gate(threshold=50.3), GateMeasurement(samples=SLOW, unit="tok/s", host_load=BUSY))
+    result = judge(gate(threshold=50.3), GateMeasurement(samples=SLOW, unit="tok/s", host_load=BUSY))
     assert result.verdict is Verdict.INVALID and "INCONCLUSIVE" in result.reason, result.reason
-    quiet = decide(gate(threshold=50.3), GateMeasurement(samples=SLOW, unit="tok/s", host_load=QUIET))
+    quiet = judge(gate(threshold=50.3), GateMeasurement(samples=SLOW, unit="tok/s", host_load=QUIET))
     assert quiet.verdict is Verdict.INCONCLUSIVE, quiet.reason
 
 
 def test_a_latency_gate_is_judged_in_its_own_direction() -> None:
     ttft = [120.0, 118.0, 125.0, 121.0, 119.0, 122.0, 124.0]
-    failed = decide(gate("ttft_ms", 100), GateMeasurement(samples=ttft, unit="ms", host_load=BUSY))
+    failed = judge(gate("ttft_ms", 100), GateMeasurement(samples=ttft, unit="ms", host_load=BUSY))
     assert failed.verdict is Verdict.INVALID and "ttft_ms" in failed.reason, failed.reason
-    passed = decide(gate("ttft_ms", 200), GateMeasurement(samples=ttft, unit="ms", host_load=BUSY))
+    passed = judge(gate("ttft_ms", 200), GateMeasurement(samples=ttft, unit="ms", host_load=BUSY))
     assert passed.verdict is Verdict.PASS, passed.reason
     # A bound stated against the metric's direction ("at least 200 ms") is one contention could make pass.
-    against = decide(gate("ttft_ms", 110, op=">="), GateMeasurement(samples=ttft, unit="ms", host_load=BUSY))
+    against = judge(gate("ttft_ms", 110, op=">="), GateMeasurement(samples=ttft, unit="ms", host_load=BUSY))
     assert against.verdict is Verdict.INVALID, against.reason
 
 
 def test_an_ab_gate_keeps_its_paired_verdict_with_both_sides_loads() -> None:
     baseline = [s / 1.2 for s in SLOW]
     loads = BUSY + [load(i, 1.6, side="baseline") for i in range(7)]
-    result = decide(gate(threshold=1.1, kind="ab"),
+    result = judge(gate(threshold=1.1, kind="ab"),
                     GateMeasurement(samples=SLOW, baseline_samples=baseline, unit="tok/s", host_load=loads))  # fmt: skip
     assert result.verdict is Verdict.PASS, result.reason
     assert "paired rounds share it" in result.reason
@@ -104,7 +104,7 @@ def test_an_ab_gate_keeps_its_paired_verdict_with_both_sides_loads() -> None:
 
 
 def test_a_metric_that_is_not_a_speed_is_judged_as_measured() -> None:
-    result = decide(
+    result = judge(
         gate("kib_per_token", 10), GateMeasurement(samples=[12.0], standard_error=0.1, host_load=BUSY)
     )
     assert result.verdict is Verdict.FAIL, result.reason
@@ -118,7 +118,7 @@ def test_stored_results_without_a_load_still_read_and_decide_as_before() -> None
               "measurement": {"samples": SLOW, "unit": "tok/s", "method": "m"}}  # fmt: skip
     result = GateResult.model_validate(stored)
     assert result.host_load is None and result.measurement is not None and result.measurement.host_load == []
-    assert decide(gate(), result.measurement).verdict is Verdict.FAIL
+    assert judge(gate(), result.measurement).verdict is Verdict.FAIL
 
 
 def test_the_share_counts_steal_and_is_zero_for_an_empty_round() -> None:
@@ -139,7 +139,7 @@ def test_a_round_of_a_few_ticks_is_never_contended_on_them() -> None:
     ]
     assert all(load.share == pytest.approx(0.5) for load in short)
     assert contention.contended(short) == [] and contention.share_low(short) < CONTENDED_SHARE
-    fail = decide(gate(), GateMeasurement(samples=SLOW[:5], unit="tok/s", host_load=short))
+    fail = judge(gate(), GateMeasurement(samples=SLOW[:5], unit="tok/s", host_load=short))
     assert fail.verdict is Verdict.FAIL, fail.reason
     many = [load.model_copy(update={"round": i}) for i in range(60) for load in short[:1]]
     assert contention.share_low(many) >= CONTENDED_SHARE
@@ -217,8 +217,8 @@ def test_ticket_show_puts_each_attempts_host_load_beside_its_gate(monkeypatch: p
 
     spec = TicketSpec.model_validate({"id": "t", "title": "decode", "host": "h", "gates": [
         {"name": "g", "metric": "decode_tps", "threshold": 55, "command": "measure"}]})  # fmt: skip
-    busy = decide(gate(), GateMeasurement(samples=SLOW, unit="tok/s", host_load=BUSY))
-    quiet = decide(gate(), GateMeasurement(samples=SLOW, unit="tok/s", host_load=QUIET))
+    busy = judge(gate(), GateMeasurement(samples=SLOW, unit="tok/s", host_load=BUSY))
+    quiet = judge(gate(), GateMeasurement(samples=SLOW, unit="tok/s", host_load=QUIET))
     attempts = [
         AttemptSummary(number=n, branch=f"b{n}", outcome=AttemptOutcome.GATES_FAILED, gate_results=[result])
         for n, result in ((1, busy), (2, quiet))
@@ -239,7 +239,7 @@ def test_the_consoles_attempts_side_by_side_show_the_host_load() -> None:
     from daedalus.api.console import views
     from daedalus.schemas.ticket import AttemptOutcome, AttemptSummary
 
-    busy = decide(gate(), GateMeasurement(samples=SLOW, unit="tok/s", host_load=BUSY))
+    busy = judge(gate(), GateMeasurement(samples=SLOW, unit="tok/s", host_load=BUSY))
     attempt = AttemptSummary(number=1, branch="b1", outcome=AttemptOutcome.GATES_FAILED, gate_results=[busy])
     sbs = views.side_by_side([attempt])
     cell = sbs.gates[0].cells[0]

@@ -16,7 +16,7 @@ from daedalus.gates.statistics import (
     quantile_ranks,
     summarize,
 )
-from daedalus.gates.verdicts import decide
+from daedalus.gates.verdicts import judge
 from daedalus.schemas.gates import GateMeasurement, GateSpec, Verdict
 
 NOMINAL = 0.90
@@ -64,10 +64,10 @@ def test_too_few_rounds_is_inconclusive_with_the_rounds_needed() -> None:
     # Three rounds of 55.6/56.0/56.3 against ">= 55": the data can only say ~75%, not 90%.
     assert min_rounds(0.90) == 5 and min_rounds(0.95) == 6
     gate = GateSpec(name="decode", metric="decode_tps", threshold=55, command="x")
-    result = decide(gate, GateMeasurement(samples=[55.6, 56.0, 56.3]))
+    result = judge(gate, GateMeasurement(samples=[55.6, 56.0, 56.3]))
     assert result.verdict is Verdict.INCONCLUSIVE and result.rounds_needed == 2
     assert "needs 2 more rounds" in result.reason and result.ci_low is None
-    five = decide(gate, GateMeasurement(samples=[55.6, 56.0, 56.3, 55.9, 56.1]))
+    five = judge(gate, GateMeasurement(samples=[55.6, 56.0, 56.3, 55.9, 56.1]))
     assert five.verdict is Verdict.PASS and five.ci_low == 55.6 and five.ci_high == 56.3
 
 
@@ -75,7 +75,7 @@ def test_one_sample_never_gets_a_zero_width_interval() -> None:
     summary = summarize([27.0])
     assert summary.ci_low is None and summary.rounds_needed == 4
     ppl = GateSpec(name="ppl", metric="ppl_delta_pct", threshold=1.0, command="x")
-    assert decide(ppl, GateMeasurement(samples=[0.9])).verdict is Verdict.INCONCLUSIVE
+    assert judge(ppl, GateMeasurement(samples=[0.9])).verdict is Verdict.INCONCLUSIVE
 
 
 def test_wider_intervals_as_n_grows_use_inner_order_statistics() -> None:

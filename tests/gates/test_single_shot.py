@@ -7,7 +7,7 @@ import pytest
 from daedalus.engines.capacity import fit_kib_per_token
 from daedalus.engines.measure import capacity_measurement
 from daedalus.engines.process import EngineError
-from daedalus.gates.verdicts import decide
+from daedalus.gates.verdicts import judge
 from daedalus.schemas.engines import CapacityResult, KvMeasurement
 from daedalus.schemas.gates import GateMeasurement, GateSpec, Metric, Verdict
 
@@ -21,14 +21,14 @@ def gate(metric: str, threshold: float, **extra: object) -> GateSpec:
 def test_perplexity_delta_uses_its_own_error() -> None:
     # +0.9% against "<= 1%" with llama-perplexity's +/- 0.5 (one standard error): the data cannot say.
     ppl = gate("ppl_delta_pct", 1.0)
-    unsure = decide(ppl, GateMeasurement(samples=[0.9], standard_error=0.5))
+    unsure = judge(ppl, GateMeasurement(samples=[0.9], standard_error=0.5))
     assert unsure.verdict is Verdict.INCONCLUSIVE
     assert unsure.ci_low is not None and unsure.ci_high is not None
     assert unsure.ci_high == pytest.approx(0.9 + 1.6449 * 0.5, abs=1e-3) and "standard error" in unsure.method
-    assert decide(ppl, GateMeasurement(samples=[0.48], standard_error=0.2)).verdict is Verdict.PASS
-    assert decide(ppl, GateMeasurement(samples=[4.12], standard_error=0.3)).verdict is Verdict.FAIL
+    assert judge(ppl, GateMeasurement(samples=[0.48], standard_error=0.2)).verdict is Verdict.PASS
+    assert judge(ppl, GateMeasurement(samples=[4.12], standard_error=0.3)).verdict is Verdict.FAIL
     # Without its error, one run is not enough to judge.
-    assert decide(ppl, GateMeasurement(samples=[0.48])).verdict is Verdict.INCONCLUSIVE
+    assert judge(ppl, GateMeasurement(samples=[0.48])).verdict is Verdict.INCONCLUSIVE
 
 
 def test_a_standard_error_belongs_to_one_estimate() -> None:
@@ -37,16 +37,16 @@ def test_a_standard_error_belongs_to_one_estimate() -> None:
 
 
 def test_engine_reported_counts_are_declared_deterministic() -> None:
-    pool = decide(gate("kv_pool_tokens", 369_712), GateMeasurement(samples=[1_006_896.0]))
+    pool = judge(gate("kv_pool_tokens", 369_712), GateMeasurement(samples=[1_006_896.0]))
     assert (
         pool.verdict is Verdict.PASS
         and "deterministic" in pool.reason
         and "no sampling interval" in pool.reason
     )
-    conc = decide(gate("max_concurrency", 16), GateMeasurement(samples=[12.0]))
+    conc = judge(gate("max_concurrency", 16), GateMeasurement(samples=[12.0]))
     assert conc.verdict is Verdict.FAIL and "deterministic" in conc.reason
     # Two readings of a deterministic count that disagree mean the measurement is not what it claims.
-    drift = decide(gate("kv_pool_tokens", 1), GateMeasurement(samples=[100.0, 101.0]))
+    drift = judge(gate("kv_pool_tokens", 1), GateMeasurement(samples=[100.0, 101.0]))
     assert drift.verdict is Verdict.INVALID and "exact count" in drift.reason
 
 
@@ -67,7 +67,7 @@ def test_kib_per_token_is_a_slope_with_its_fit_error() -> None:
     )  # fmt: skip
     measured = capacity_measurement(Metric.KIB_PER_TOKEN, cap, artifact=Path("/a"))
     assert measured.standard_error == se and measured.error_dof == 2
-    result = decide(gate("kib_per_token", 70.0), measured)
+    result = judge(gate("kib_per_token", 70.0), measured)
     assert result.verdict is Verdict.PASS and result.ci_high is not None and result.ci_high < 70
     assert "t, 2 dof" in result.method
     # A flat curve measures nothing: INVALID, not a KiB/token of 0 that passes any "<=" gate.

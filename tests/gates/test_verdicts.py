@@ -7,7 +7,7 @@ import pytest
 
 from daedalus.gates.statistics import clopper_pearson
 from daedalus.gates.test_count import measure
-from daedalus.gates.verdicts import decide, rederive
+from daedalus.gates.verdicts import judge, rederive
 from daedalus.schemas.gates import GateMeasurement, GateSpec, Verdict
 
 
@@ -18,19 +18,19 @@ def gate(**overrides: object) -> GateSpec:
 
 
 def test_whole_interval_above_threshold_passes() -> None:
-    result = decide(gate(), GateMeasurement(samples=[56.0, 56.2, 55.9, 56.1, 56.0, 55.8, 56.3]))
+    result = judge(gate(), GateMeasurement(samples=[56.0, 56.2, 55.9, 56.1, 56.0, 55.8, 56.3]))
     assert result.verdict is Verdict.PASS
     assert result.ci_low is not None and result.ci_low >= 55 and result.median == 56.0
 
 
 def test_whole_interval_below_threshold_fails() -> None:
     # Ticket 4 before the fix: 28.9 tok/s.
-    result = decide(gate(), GateMeasurement(samples=[28.9, 29.1, 28.7, 28.8, 29.0, 28.9, 29.2]))
+    result = judge(gate(), GateMeasurement(samples=[28.9, 29.1, 28.7, 28.8, 29.0, 28.9, 29.2]))
     assert result.verdict is Verdict.FAIL
 
 
 def test_interval_straddling_threshold_is_inconclusive() -> None:
-    result = decide(gate(), GateMeasurement(samples=[54.0, 56.2, 55.9, 56.1, 53.0, 55.8, 58.3]))
+    result = judge(gate(), GateMeasurement(samples=[54.0, 56.2, 55.9, 56.1, 53.0, 55.8, 58.3]))
     assert result.verdict is Verdict.INCONCLUSIVE
     assert result.ci_low is not None and result.ci_high is not None
     assert result.ci_low < 55 <= result.ci_high
@@ -39,8 +39,8 @@ def test_interval_straddling_threshold_is_inconclusive() -> None:
 def test_lower_is_better_metric_uses_upper_bound() -> None:
     ttft = gate(metric="ttft_ms", threshold=1700)
     assert ttft.comparator == "<="
-    assert decide(ttft, GateMeasurement(samples=[1000, 1100, 1050, 990, 1020])).verdict is Verdict.PASS
-    assert decide(ttft, GateMeasurement(samples=[1900, 2000, 1950, 1990, 2020])).verdict is Verdict.FAIL
+    assert judge(ttft, GateMeasurement(samples=[1000, 1100, 1050, 990, 1020])).verdict is Verdict.PASS
+    assert judge(ttft, GateMeasurement(samples=[1900, 2000, 1950, 1990, 2020])).verdict is Verdict.FAIL
 
 
 @pytest.mark.parametrize(
@@ -54,7 +54,7 @@ def test_lower_is_better_metric_uses_upper_bound() -> None:
 )
 def test_broken_measurement_is_invalid_never_fail(field: str, value: object, words: str) -> None:
     measurement = GateMeasurement.model_validate({"samples": [10.0, 10.0, 10.0], field: value})
-    result = decide(gate(), measurement)
+    result = judge(gate(), measurement)
     assert result.verdict is Verdict.INVALID
     assert words in result.reason
 
@@ -63,10 +63,10 @@ def test_ab_gate_decides_on_paired_ratios() -> None:
     # Seed 6f: AR 294 vs MTP k=1 245-256 at 8 users -> MTP/AR ratio ~0.85, fails a ">= 1.0" claim.
     ab = gate(kind="ab", threshold=1.0)
     mtp, ar = [245.0, 250.0, 256.0, 248.0, 252.0], [294.0, 293.0, 296.0, 295.0, 292.0]
-    result = decide(ab, GateMeasurement(samples=mtp, baseline_samples=ar))
+    result = judge(ab, GateMeasurement(samples=mtp, baseline_samples=ar))
     assert result.verdict is Verdict.FAIL
     assert result.median is not None and 0.83 < result.median < 0.87
-    missing = decide(ab, GateMeasurement(samples=mtp))
+    missing = judge(ab, GateMeasurement(samples=mtp))
     assert missing.verdict is Verdict.INVALID
 
 
@@ -82,11 +82,11 @@ def test_unknown_metric_is_rejected_with_the_known_ones() -> None:
 
 def test_verdict_is_rederivable_from_what_it_stores_and_not_from_the_order_of_rounds() -> None:
     samples = [56.0, 57.1, 55.2, 56.4, 55.9, 56.8, 56.1]
-    first = decide(gate(), GateMeasurement(samples=samples))
+    first = judge(gate(), GateMeasurement(samples=samples))
     assert first.gate_spec is not None and first.measurement is not None  # what re-deriving needs is kept
     again = rederive(first)
     assert again.model_dump() == first.model_dump()
-    shuffled = decide(gate(), GateMeasurement(samples=samples[::-1]))
+    shuffled = judge(gate(), GateMeasurement(samples=samples[::-1]))
     assert (shuffled.verdict, shuffled.median, shuffled.ci_low, shuffled.ci_high) == (
         first.verdict,
         first.median,
@@ -118,14 +118,14 @@ def test_test_count_reads_pytest_summary(tmp_path) -> None:  # type: ignore[no-u
 
 def test_needle_is_judged_by_its_binomial_interval() -> None:
     needle = gate(name="needle", metric="needle", threshold=0.5)
-    three_of_three = decide(needle, GateMeasurement(samples=[1.0, 1.0, 1.0]))
+    three_of_three = judge(needle, GateMeasurement(samples=[1.0, 1.0, 1.0]))
     # 3/3 at 90% only proves >= 0.46: not enough for a claim of >= 0.5.
     assert three_of_three.verdict is Verdict.INCONCLUSIVE and "3/3" in three_of_three.method
-    assert decide(needle, GateMeasurement(samples=[1.0] * 12)).verdict is Verdict.PASS
-    assert decide(needle, GateMeasurement(samples=[0.0] * 12)).verdict is Verdict.FAIL
+    assert judge(needle, GateMeasurement(samples=[1.0] * 12)).verdict is Verdict.PASS
+    assert judge(needle, GateMeasurement(samples=[0.0] * 12)).verdict is Verdict.FAIL
 
 
 def test_temp0_identity_at_one_is_exact() -> None:
     identity = gate(name="identity", metric="temp0_identity", threshold=1.0)
-    assert decide(identity, GateMeasurement(samples=[1.0, 1.0, 1.0, 1.0])).verdict is Verdict.PASS
-    assert decide(identity, GateMeasurement(samples=[1.0, 1.0, 0.0, 1.0])).verdict is Verdict.FAIL
+    assert judge(identity, GateMeasurement(samples=[1.0, 1.0, 1.0, 1.0])).verdict is Verdict.PASS
+    assert judge(identity, GateMeasurement(samples=[1.0, 1.0, 0.0, 1.0])).verdict is Verdict.FAIL

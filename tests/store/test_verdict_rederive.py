@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from daedalus.cli import app
 from daedalus.cli.verdicts import stored_result
-from daedalus.gates.verdicts import decide, rederive
+from daedalus.gates.verdicts import judge, rederive
 from daedalus.schemas.audit import AuditKind
 from daedalus.schemas.gates import GateMeasurement, GateSpec, Provenance, Verdict
 from daedalus.store import queries
@@ -31,7 +31,7 @@ PROVENANCE = Provenance(
 def stored(engine: Engine, samples: list[float]) -> int:
     measurement = GateMeasurement(samples=samples, unit="tok/s", method="benchmark server timings",
                                   provenance=PROVENANCE, evidence={"artifact": "/srv/a/bench.json"})  # fmt: skip
-    result = decide(GATE, measurement, host="mavis", commit="f7332846")
+    result = judge(GATE, measurement, host="mavis", commit="f7332846")
     write(engine, record(3, kind=AuditKind.GATE, status="gating", gate_results=[result], attempt=1))
     with session_scope(engine) as session:
         row = session.exec(select(VerdictRow).order_by(VerdictRow.id.desc())).first()  # type: ignore[union-attr]

@@ -14,7 +14,7 @@ from daedalus.activities.refs import RUN_GATE
 from daedalus.engines.startup_clock import startup_seconds
 from daedalus.errors import GitError, maps_errors
 from daedalus.gates.contention import SEEN_KEY, OtherProcesses
-from daedalus.gates.verdicts import decide
+from daedalus.gates.verdicts import judge
 from daedalus.hosts.mirrors import EngineRepoUnavailable
 from daedalus.paths import UnsafePathError, contained
 from daedalus.processes import log_tail
@@ -93,7 +93,7 @@ class GateActivities:
         if finished.unlimited:
             evidence["limits"] = finished.unlimited
         measurement = measurement.model_copy(update={"evidence": {**measurement.evidence, **evidence}})
-        return decide(gate, measurement, host=request.host, commit=request.commit)
+        return judge(gate, measurement, host=request.host, commit=request.commit)
 
     def _checkout_as_it_stands(self, request: GateInput, workdir: Path) -> None:
         """A ticket without an agent measures its engine at the base commit, or, with no engine, from an empty

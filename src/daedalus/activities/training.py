@@ -17,7 +17,7 @@ from daedalus.activities.refs import (
 from daedalus.confinement import StepSettings
 from daedalus.engines.serving_config import deploy
 from daedalus.errors import SandboxError, maps_errors
-from daedalus.gates.verdicts import decide
+from daedalus.gates.verdicts import judge
 from daedalus.processes import log_tail
 from daedalus.schemas.gates import GateResult, Verdict
 from daedalus.schemas.limits import GATE_OUTPUT_BYTES
@@ -123,7 +123,7 @@ class TrainingActivities:
         if finished.unlimited:
             evidence["limits"] = finished.unlimited
         measurement = measurement.model_copy(update={"evidence": {**measurement.evidence, **evidence}})
-        result = decide(evaluation.gate, measurement, host=inp.spec.host)
+        result = judge(evaluation.gate, measurement, host=inp.spec.host)
         return CheckpointEvaluated(step=step, result=result.model_copy(update={"lease": inp.lease}))
 
     @activity.defn(name=DEPLOY_CHECKPOINT.name)

@@ -1,7 +1,7 @@
 """Measure one campaign cell on its host, with the gates' harness (`engines.measure`) and verdict rules.
 
 A cell is the base preset with the cell's KV type, context and slots, under the cell's workload. Its decode
-throughput is judged by `gates.verdicts.decide` exactly as a gate would be (validity checks, median, interval);
+throughput is judged by `gates.verdicts.judge` exactly as a gate would be (validity checks, median, interval);
 its quality is probed with the needle and the garbage detectors, its footprint measured by difference. A server
 that will not start or dies is the cell's finding (CRASHED, with the log), not an error of the campaign.
 """
@@ -37,7 +37,7 @@ from daedalus.engines.tiny_model import MODELS, ensure_model
 from daedalus.engines.vllm import prefix_caching_problem
 from daedalus.errors import BuildError, EngineError, EngineSetupError
 from daedalus.gates.statistics import clopper_pearson
-from daedalus.gates.verdicts import decide
+from daedalus.gates.verdicts import judge
 from daedalus.processes import log_tail
 from daedalus.schemas.campaigns import BASE_KV, CampaignCell, CampaignSpec, CellOutcome, CellResult
 from daedalus.schemas.engines import (
@@ -299,7 +299,7 @@ async def measure_cell(
             evidence=evidence,
             measured_at=datetime.now(UTC),
         )
-    judged = decide(DECODE_GATE, decode, host=host)
+    judged = judge(DECODE_GATE, decode, host=host)
     evidence.update({k: v for k, v in decode.evidence.items() if v})
     if judged.verdict is Verdict.INVALID:
         return CellResult(
@@ -443,7 +443,7 @@ async def _measure_vllm_cell(
     if problem:
         bench = bench.model_copy(update={"invalid_reasons": [*bench.invalid_reasons, problem]})
     decode = _from_bench(Metric.DECODE_TPS, bench, artifact)
-    judged = decide(DECODE_GATE, decode, host=host)
+    judged = judge(DECODE_GATE, decode, host=host)
     evidence.update({k: v for k, v in decode.evidence.items() if v})
     if judged.verdict is Verdict.INVALID:
         return CellResult(**base, outcome=CellOutcome.INVALID, detail=judged.reason, samples=decode.samples,

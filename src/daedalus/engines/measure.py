@@ -3,7 +3,7 @@ needs, and the benchmark, capacity run or probe that measures it.
 
 `daedalus engine measure <metric> --preset P --model M [--baseline-preset B]` (cli/measure.py; also
 `python -m daedalus.engines.measure`) prints one `GateMeasurement` JSON on stdout, so a ticket gate's `command`
-can call it and `gates.verdicts.decide` judges it.
+can call it and `gates.verdicts.judge` judges it.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def invalid_reasons(gate: GateSpec, measurement: GateMeasurement) -> list[str]:
     return reasons
 
 
-def decide(gate: GateSpec, measurement: GateMeasurement, *, host: str = "", commit: str = "") -> GateResult:
+def judge(gate: GateSpec, measurement: GateMeasurement, *, host: str = "", commit: str = "") -> GateResult:
     """The verdict of one gate on one measurement, with everything needed to re-derive it."""
     provenance = measurement.provenance
     if provenance is not None:
@@ -222,5 +222,5 @@ def rederive(result: GateResult) -> GateResult:
             f"verdict of gate {result.gate!r} keeps no gate spec and measurement (recorded before verdicts kept "
             "them, or the gate step itself failed); it cannot be re-derived"
         )
-    again = decide(result.gate_spec, result.measurement, host=result.host, commit=result.commit)
+    again = judge(result.gate_spec, result.measurement, host=result.host, commit=result.commit)
     return again.model_copy(update={"evidence": result.evidence})
