@@ -153,7 +153,9 @@ def checkout(commit: str, where: Path) -> tuple[str, Path]:
         raise SystemExit(f"--baseline {commit}: not a commit of this repository ({found.stderr.strip()})")
     sha = found.stdout.strip()
     where.mkdir(parents=True)
-    archive = subprocess.run(["git", "archive", sha, "src", "examples"], cwd=ROOT, capture_output=True, check=True)
+    archive = subprocess.run(
+        ["git", "archive", sha, "src", "examples"], cwd=ROOT, capture_output=True, check=True
+    )
     subprocess.run(["tar", "-x", "-C", str(where)], input=archive.stdout, check=True)
     return sha, where / "src"
 
