@@ -9,7 +9,7 @@ host has none, and the row says so rather than leave a blank that reads as unmea
 from __future__ import annotations
 
 from daedalus.report.model import CampaignView, Report, fmt
-from daedalus.report.sections import Part, Section, cell
+from daedalus.report.parts import Part, Section, cell
 from daedalus.store.tables import CampaignCellRow
 
 HEADER = (

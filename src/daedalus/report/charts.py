@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import itertools
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import matplotlib
@@ -16,6 +15,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from daedalus.report.model import CampaignView, GateView, TrainingView, threshold_of
+from daedalus.report.parts import Chart
+
+__all__ = ["Chart", "campaign_heatmap", "gate_intervals", "memory_curves"]
 
 _ids = itertools.count()
 _METADATA = re.compile(r"<metadata>.*?</metadata>\s*", re.DOTALL)
@@ -27,15 +29,6 @@ STYLE: Any = {  # rc_context's key type is a Literal of every rc name
     "axes.spines.right": False,
 }
 VERDICT_COLOURS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "INCONCLUSIVE": "#9a6700", "INVALID": "#6e7781"}
-
-
-@dataclass(frozen=True)
-class Chart:
-    """One drawn chart: its caption (also the alt text) and the SVG markup."""
-
-    kind: str
-    caption: str
-    svg: str
 
 
 def _svg(fig: plt.Figure) -> str:

@@ -17,7 +17,7 @@ from sqlmodel import Session, col, select
 
 from daedalus.decisions.rulings import Ruling, describe
 from daedalus.ids import QUESTION_SUBJECT
-from daedalus.report.sections import Part, Section, cell
+from daedalus.report.parts import Part, Section, cell
 from daedalus.schemas.audit import AuditKind
 from daedalus.store.questions import all_rulings, question_rows, standing_rulings
 from daedalus.store.tables import AuditEventRow, DecisionRow

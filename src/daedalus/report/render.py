@@ -15,7 +15,8 @@ from markdown_it import MarkdownIt
 
 from daedalus.escaping import plain
 from daedalus.report.model import Report
-from daedalus.report.sections import Section, sections
+from daedalus.report.parts import Section
+from daedalus.report.sections import sections
 
 CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1f2328; max-width: 1100px;

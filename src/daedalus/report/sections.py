@@ -6,41 +6,13 @@ markdown-it) and adds the charts, so the two can never say different things.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from daedalus.report import charts
-from daedalus.report.charts import Chart
+from daedalus.report.calibration import calibration_section
 from daedalus.report.model import CampaignView, Report, TicketView, fmt, workload_label
+from daedalus.report.parts import Chart, Part, Section, cell
+from daedalus.report.questions import questions_sections
 
 MAX_ROUNDS_SHOWN = 12
-
-
-@dataclass
-class Part:
-    """Markdown and the charts drawn right under it."""
-
-    markdown: str
-    charts: list[Chart] = field(default_factory=list)
-
-
-@dataclass
-class Section:
-    anchor: str
-    title: str
-    parts: list[Part]
-
-    @property
-    def markdown(self) -> str:
-        return "\n\n".join(p.markdown for p in self.parts if p.markdown)
-
-    @property
-    def charts(self) -> list[Chart]:
-        return [c for p in self.parts for c in p.charts]
-
-
-def cell(text: object) -> str:
-    """A table cell: pipes and line breaks would end the cell or the row."""
-    return " ".join(str(text).split()).replace("|", "\\|")
 
 
 def sections(report: Report, *, with_charts: bool = True) -> list[Section]:
@@ -49,16 +21,12 @@ def sections(report: Report, *, with_charts: bool = True) -> list[Section]:
         out.append(_waiting_on_hosts(report))
     if report.campaigns:
         out.append(_campaigns(report, with_charts))
-        from daedalus.report.calibration import calibration_section
-
         if (calibration := calibration_section(report)) is not None:
             out.append(calibration)
     if report.training:
         out.append(_training(report, with_charts))
     out.append(_decisions(report))
     if report.questions is not None:  # questions that belong to no ticket, standing rulings
-        from daedalus.report.questions import questions_sections
-
         out += questions_sections(report.questions)
     out.append(_lessons(report))
     return out
