@@ -26,7 +26,7 @@ from daedalus.hosts.mirrors import ENVIRONMENT_ERROR, EngineRepoUnavailable, is_
 from daedalus.ports import free_port
 from daedalus.schemas.agents import AgentResult, ExitReason
 from daedalus.schemas.steps import AttemptInput
-from daedalus.schemas.ticket import EngineKind, EngineRef
+from daedalus.schemas.ticket import EngineRef, RepoKind
 from tests.support import make_engine_repo, ticket_spec
 
 
@@ -42,7 +42,7 @@ def commit(repo: Path, name: str, text: str) -> str:
 
 
 def engine(url: str, base: str = "main") -> EngineRef:
-    return EngineRef(name="1cat-vllm", kind=EngineKind.VLLM, repo=url, base_commit=base)
+    return EngineRef(name="1cat-vllm", kind=RepoKind.VLLM, repo=url, base_commit=base)
 
 
 @pytest.fixture

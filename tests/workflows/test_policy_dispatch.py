@@ -17,7 +17,7 @@ from daedalus.decisions.policy import Policy
 from daedalus.decisions.schemas import Delegation, TrainingRunSubject
 from daedalus.errors import NotAllowed
 from daedalus.schemas.audit import AuditKind
-from daedalus.schemas.ticket import Decision, DecisionKind, EngineKind, EngineRef, TicketSpec, TicketStatus
+from daedalus.schemas.ticket import Decision, DecisionKind, EngineRef, RepoKind, TicketSpec, TicketStatus
 from daedalus.schemas.training import HuntPolicy, RestartPolicy, RunState, StopTraining
 from daedalus.services import RequestRefused
 from daedalus.slack.settings import SlackSettings
@@ -266,7 +266,7 @@ async def test_a_rejected_training_dispatch_never_starts_the_trainer(
 async def test_a_hunting_ticket_follows_its_runs_dispatch_rule_and_its_starter_cannot_approve_it(
     temporal_client: Client, task_queue: str, tmp_path: Path, sqlite_engine: Engine
 ) -> None:
-    hunt = HuntPolicy(engine=EngineRef(name="trainer", kind=EngineKind.VLLM, repo=str(tmp_path)))
+    hunt = HuntPolicy(engine=EngineRef(name="trainer", kind=RepoKind.VLLM, repo=str(tmp_path)))
     escalate_at_once = RestartPolicy(restart_delay_s=0.2, escalate_after_deaths=1)
     spec = make_spec(tmp_path, "--mib-per-step", "8", "--step-s", "0.05", hunt=hunt, restart=escalate_at_once)
     policy = policy_for(spec.host, (tmp_path,))

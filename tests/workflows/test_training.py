@@ -43,8 +43,8 @@ from daedalus.schemas.ticket import (
     CancelRequest,
     Decision,
     DecisionKind,
-    EngineKind,
     EngineRef,
+    RepoKind,
     TicketKind,
     TicketStatus,
 )
@@ -102,7 +102,7 @@ def make_spec(tmp: Path, *trainer_args: str, **overrides: object) -> TrainingRun
         "restart": RestartPolicy(restart_delay_s=0.2),
         "state_dir": tmp / "state",
         "artifact_dir": tmp / "artifacts",
-        "hunt": HuntPolicy(engine=EngineRef(name="trainer", kind=EngineKind.REPO, repo=str(ROOT))),
+        "hunt": HuntPolicy(engine=EngineRef(name="trainer", kind=RepoKind.REPO, repo=str(ROOT))),
         **overrides,
     }
     return TrainingRunSpec.model_validate(fields)
@@ -212,7 +212,7 @@ def audit_trail(engine: Engine, spec: TrainingRunSpec) -> list[AuditEventRow]:
 async def test_third_death_escalates_once_opens_one_hunting_ticket_and_reaches_slack(
     temporal_client: Client, task_queue: str, tmp_path: Path, sqlite_engine: Engine
 ) -> None:
-    hunt = HuntPolicy(engine=EngineRef(name="trainer", kind=EngineKind.VLLM, repo=str(ROOT)))
+    hunt = HuntPolicy(engine=EngineRef(name="trainer", kind=RepoKind.VLLM, repo=str(ROOT)))
     approval = ApprovalPolicy(deciders=["wayne"], reminder_interval_s=1)
     spec = make_spec(
         tmp_path,

@@ -39,7 +39,7 @@ from daedalus.escaping import for_terminal as shown
 from daedalus.hosts.registry import load_registry
 from daedalus.paths import REPO_ROOT
 from daedalus.ports import port_is_open
-from daedalus.schemas.ticket import AgentName, Decision, DecisionKind, EngineKind, TicketSpec, TicketState
+from daedalus.schemas.ticket import AgentName, Decision, DecisionKind, RepoKind, TicketSpec, TicketState
 from daedalus.store import queries
 from daedalus.store.database import session_scope
 
@@ -133,7 +133,7 @@ def _prepare_engine(spec: TicketSpec) -> None:
     """What the ticket's gates run: llama.cpp built from source, or vLLM's CPU build in its environment; and the
     tiny models they serve."""
     # The engine stack loads only when a command needs it.
-    if spec.engine is not None and spec.engine.kind is EngineKind.VLLM:
+    if spec.engine is not None and spec.engine.kind is RepoKind.VLLM:
         from daedalus.engines.hf_tiny_model import ensure_hf_model
         from daedalus.engines.vllm_env import installed_environment
 

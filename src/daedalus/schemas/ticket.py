@@ -47,7 +47,11 @@ class TicketKind(StrEnum):
     UMBRELLA = "umbrella"
 
 
-class EngineKind(StrEnum):
+class RepoKind(StrEnum):
+    """What the repository a ticket changes is: an engine's fork, or a plain one (a trainer, a tool). Not the
+    serving engine whose presets a run uses (daedalus.schemas.engines.EngineKind, which spells it `llama.cpp`):
+    these values are stored in every filed spec and history, so `llama_cpp` keeps its spelling here."""
+
     VLLM = "vllm"
     LLAMA_CPP = "llama_cpp"
     REPO = "repo"
@@ -58,7 +62,7 @@ class EngineRef(SpecModel):
     """The engine a ticket changes: which fork, where its source lives, and the commit work starts from."""
 
     name: Line = Field(min_length=1)
-    kind: EngineKind
+    kind: RepoKind
     repo: Line = Field(
         min_length=1, description="a git URL, or a local path for tickets that run on this machine"
     )
