@@ -13,6 +13,7 @@ from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from daedalus.api.context import ApiContext, Caller, Context
 from daedalus.api.hosts import waiting_lines
 from daedalus.report import build_report, render_html, render_markdown
+from daedalus.report.i18n import LANGUAGES, UnknownLanguage, check_language
 from daedalus.report.render import CONTENT_SECURITY_POLICY
 from daedalus.store import queries
 from daedalus.store.database import session_scope
@@ -51,13 +52,20 @@ async def report(
     context: Context,
     since: Annotated[str, Query(description="the window: 30m, 24h, 7d")] = "24h",
     format: Annotated[Literal["html", "md"], Query(description="html (charts inline) or md")] = "html",
+    lang: Annotated[str, Query(description=f"the report's language: {', '.join(LANGUAGES)}")] = "en",
 ) -> Response:
     """The progress report as of now: cards, tickets and gates, campaigns, training runs, decisions, lessons."""
-    return await report_response(context, since, format)
+    return await report_response(context, since, format, lang)
 
 
-async def report_response(context: ApiContext, since: str, format: Literal["html", "md"]) -> Response:
-    """The report over the window `since`, as the API and the console serve it (with its own CSP)."""
+async def report_response(
+    context: ApiContext, since: str, format: Literal["html", "md"], lang: str = "en"
+) -> Response:
+    """The report over the window `since` in `lang`, as the API and the console serve it (with its own CSP)."""
+    try:
+        check_language(lang)
+    except UnknownLanguage as error:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"lang={lang!r}: {error}") from error
     start = datetime.now(UTC) - parse_window(since)
 
     def live_tickets() -> list[TicketRow]:
@@ -68,7 +76,7 @@ async def report_response(context: ApiContext, since: str, format: Literal["html
 
     def render() -> str:
         with session_scope(context.engine) as session:
-            built = build_report(session=session, since=start, waiting_on_hosts=waiting)
+            built = build_report(session=session, since=start, waiting_on_hosts=waiting, lang=lang)
         return render_html(built) if format == "html" else render_markdown(built)
 
     text = await asyncio.to_thread(render)

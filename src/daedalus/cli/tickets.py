@@ -517,19 +517,27 @@ def report(
     narrate: Annotated[
         bool, typer.Option(help="open with the lead agent's narrative (needs an API key)")
     ] = False,
+    lang: Annotated[
+        str, typer.Option("--lang", help="the report's language: en or zh-TW (Traditional Chinese)")
+    ] = "en",
 ) -> None:
     """The progress report, rolled up from the store: cards, tickets and gates, campaigns, training, decisions.
     Printed as Markdown unless -o writes it to a file; --html writes the HTML page besides."""
     from rich.markdown import Markdown
 
     from daedalus.report import build_report, render_html, render_markdown
+    from daedalus.report.i18n import UnknownLanguage, check_language
 
+    try:
+        check_language(lang)
+    except UnknownLanguage as error:
+        fail(f"--lang: {error}")
     for target in (out, html):
         if target is not None and not target.parent.is_dir():
             fail(f"cannot write {target}: directory {target.parent} does not exist")
     with session_scope(store()) as session:
         waiting = waiting_on_hosts(queries.list_tickets(session=session, limit=1000))
-        built = build_report(session=session, since=parse_since(since), waiting_on_hosts=waiting)
+        built = build_report(session=session, since=parse_since(since), waiting_on_hosts=waiting, lang=lang)
     if narrate:
         from daedalus.agents.lead import LeadAgent
 

@@ -8,20 +8,26 @@ host has none, and the row says so rather than leave a blank that reads as unmea
 
 from __future__ import annotations
 
+from daedalus.report.i18n import N_, _, word
 from daedalus.report.model import CampaignView, Report, fmt
 from daedalus.report.parts import Part, Section, cell
 from daedalus.store.tables import CampaignCellRow
 
-HEADER = (
-    "| calibration | AR tok/s (90% CI) | speculative tok/s (90% CI) | speculative vs AR | step time AR | "
-    "step time speculative | bandwidth floor |"
-)
+HEADER = [
+    N_("calibration"),
+    N_("AR tok/s (90% CI)"),
+    N_("speculative tok/s (90% CI)"),
+    N_("speculative vs AR"),
+    N_("step time AR"),
+    N_("step time speculative"),
+    N_("bandwidth floor"),
+]
 
 
 def calibration_section(report: Report) -> Section | None:
     """One table per calibration campaign (a campaign over more than one base preset); None when there is none."""
     parts = [Part("\n".join(table(c))) for c in report.campaigns if is_calibration(c)]
-    return Section("calibration", "Calibration: AR vs speculative per engine", parts) if parts else None
+    return Section("calibration", _("Calibration: AR vs speculative per engine"), parts) if parts else None
 
 
 def is_calibration(campaign: CampaignView) -> bool:
@@ -31,12 +37,17 @@ def is_calibration(campaign: CampaignView) -> bool:
 def table(campaign: CampaignView) -> list[str]:
     row = campaign.row
     lines = [
-        f"### {cell(row.title)} ({cell(row.campaign_id)}) on {cell(row.host)}",
+        "### "
+        + _("{title} ({campaign}) on {host}").format(
+            title=cell(row.title), campaign=cell(row.campaign_id), host=cell(row.host)
+        ),
         "",
-        "Same workload in every cell; AR = plain decoding, speculative = the campaign's drafting. Step time: "
-        "ms per token for AR, ms per verification step (tokens per step x ms per token) for speculative.",
+        _(
+            "Same workload in every cell; AR = plain decoding, speculative = the campaign's drafting. Step time: "
+            "ms per token for AR, ms per verification step (tokens per step x ms per token) for speculative."
+        ),
         "",
-        HEADER,
+        "| " + " | ".join(_(h) for h in HEADER) + " |",
         "|---|---|---|---|---|---|---|",
     ]
     groups: dict[tuple[str, str], list[CampaignCellRow]] = {}
@@ -65,7 +76,7 @@ def _tps(c: CampaignCellRow | None) -> str:
     if c is None:
         return "-"
     if c.outcome != "measured" or c.decode_tps is None:
-        return f"{c.outcome}: {cell(c.detail)[:160]}"
+        return f"{word(c.outcome)}: {cell(c.detail)[:160]}"
     return f"{fmt(c.decode_tps)} ({fmt(c.ci_low)}-{fmt(c.ci_high)})"
 
 
@@ -87,13 +98,15 @@ def _step(c: CampaignCellRow | None) -> str:
         return f"{per_token:.3g} ms"
     accepted = c.evidence.get("acceptance_length")
     if accepted is None:
-        return f"{per_token:.3g} ms/token (tokens per step not reported by this engine)"
-    return f"{float(accepted) * per_token:.3g} ms ({float(accepted):.3g} tokens/step)"
+        return _("{ms} ms/token (tokens per step not reported by this engine)").format(ms=f"{per_token:.3g}")
+    return _("{ms} ms ({tokens} tokens/step)").format(
+        ms=f"{float(accepted) * per_token:.3g}", tokens=f"{float(accepted):.3g}"
+    )
 
 
 def _floor(ar: CampaignCellRow | None, spec: CampaignCellRow | None) -> str:
     fractions = [c.evidence.get("floor_fraction") for c in (ar, spec) if c is not None]
     shown = [f"{float(f):.2f}" for f in fractions if f is not None]
     if shown:
-        return f"{' / '.join(shown)} of the floor"
-    return "none: a CPU host has no bandwidth floor here"
+        return _("{fractions} of the floor").format(fractions=" / ".join(shown))
+    return _("none: a CPU host has no bandwidth floor here")

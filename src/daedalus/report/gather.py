@@ -11,6 +11,7 @@ from sqlmodel import Session, col, select
 
 from daedalus.decisions.schemas import DecisionKind
 from daedalus.ids import TRAINING_PREFIX
+from daedalus.report.i18n import _, language, ngettext, word
 from daedalus.report.model import (
     CampaignView,
     Card,
@@ -46,9 +47,22 @@ def build_report(
     since: datetime,
     now: datetime | None = None,
     waiting_on_hosts: Mapping[str, str] | None = None,
+    lang: str = "en",
 ) -> Report:
     """Everything that changed since `since`, and everything still waiting; `waiting_on_hosts` (ticket id ->
-    line, from hosts.status.waiting_on_hosts) says which tickets are stuck on a host no worker polls."""
+    line, from hosts.status.waiting_on_hosts) says which tickets are stuck on a host no worker polls. `lang`:
+    the report's language (report/i18n.py LANGUAGES; UnknownLanguage for another)."""
+    with language(lang):
+        return _build(session, since, now, waiting_on_hosts, lang)
+
+
+def _build(
+    session: Session,
+    since: datetime,
+    now: datetime | None,
+    waiting_on_hosts: Mapping[str, str] | None,
+    lang: str,
+) -> Report:
     now = now or datetime.now(UTC)
     tickets = list(
         session.exec(
@@ -90,6 +104,7 @@ def build_report(
         lessons=lessons,
         waiting_on_hosts=dict(waiting_on_hosts or {}),
         questions=gather_questions(session, since),
+        lang=lang,
     )
 
 
@@ -146,17 +161,25 @@ def _cards(
     cards = []
     for view in tickets:
         tone = TONES.get(view.row.status, "wait" if view.row.awaiting else "info")
-        cards.append(Card(f"Ticket {view.row.ticket_id}: {view.row.title}", view.headline, tone))
+        subject = _("Ticket {ticket}: {title}").format(ticket=view.row.ticket_id, title=view.row.title)
+        cards.append(Card(subject, view.headline, tone))
     for run in training:
-        slope = f", slope {fmt(run.slope, 3)} GiB/h" if run.slope is not None else ""
+        slope = _(", slope {slope} GiB/h").format(slope=fmt(run.slope, 3)) if run.slope is not None else ""
         deaths = len(run.deaths)
         progress = f"; {run.progress[0]}" if run.progress is not None else ""
         deployed = [e for e in run.deployments if e.detail.get("outcome") == "deployed"]
-        serving = f"; serving {Path(deployed[-1].detail['checkpoint']).name}" if deployed else ""
+        serving = (
+            _("; serving {checkpoint}").format(checkpoint=Path(deployed[-1].detail["checkpoint"]).name)
+            if deployed
+            else ""
+        )
         cards.append(
             Card(
-                f"Training {run.run}",
-                f"{run.state.replace('_', ' ')}, {deaths} death{'s' * (deaths != 1)}{slope}{progress}{serving}",
+                _("Training {run}").format(run=run.run),
+                word(run.state).replace("_", " ")
+                + ", "
+                + ngettext("{count} death", "{count} deaths", deaths).format(count=deaths)
+                + f"{slope}{progress}{serving}",
                 "fail" if run.state in ("gave_up", "awaiting_decision") else "info",
             )
         )
@@ -164,13 +187,23 @@ def _cards(
         row = campaign.row
         cards.append(
             Card(
-                f"Campaign {row.campaign_id}: {row.title}",
-                f"{row.status}; {len(campaign.cells)} cells, {len(campaign.crashed)} crashed; "
-                f"proposes {row.proposal or 'nothing'}",
+                _("Campaign {campaign}: {title}").format(campaign=row.campaign_id, title=row.title),
+                _("{status}; {cells} cells, {crashed} crashed; proposes {proposal}").format(
+                    status=word(row.status),
+                    cells=len(campaign.cells),
+                    crashed=len(campaign.crashed),
+                    proposal=row.proposal or _("nothing"),
+                ),
                 "wait" if row.status == "awaiting_decision" else "info",
             )
         )
     if pending:
         people = sorted({p for r in pending for p in r.deciders})
-        cards.append(Card("Decisions waiting", f"{len(pending)} for {', '.join(people)}", "wait"))
+        cards.append(
+            Card(
+                _("Decisions waiting"),
+                _("{count} for {people}").format(count=len(pending), people=", ".join(people)),
+                "wait",
+            )
+        )
     return cards

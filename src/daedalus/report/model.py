@@ -9,6 +9,7 @@ from datetime import datetime
 from statistics import median
 from typing import TYPE_CHECKING
 
+from daedalus.report.i18n import DEFAULT, _, word
 from daedalus.schemas.audit import AuditKind
 
 if TYPE_CHECKING:
@@ -89,7 +90,9 @@ class GateView:
     @property
     def provenance(self) -> str:
         v = self.latest
-        return f"host {v.host or '-'}, commit {(v.commit or '-')[:10]}, attempt {v.attempt}, {v.method}"
+        return _("host {host}, commit {commit}, attempt {attempt}, {method}").format(
+            host=v.host or "-", commit=(v.commit or "-")[:10], attempt=v.attempt, method=v.method
+        )
 
 
 @dataclass
@@ -102,12 +105,12 @@ class TicketView:
     @property
     def headline(self) -> str:
         """The ticket's state in a few words: its status and its first gate's figure."""
-        status = self.row.status.replace("_", " ")
+        status = word(self.row.status).replace("_", " ")
         if not self.gates:
             return status
         g = self.gates[0]
         figure = f" {fmt(g.after)} {g.unit}".rstrip() if g.after is not None else ""
-        return f"{status}; {g.latest.gate} {g.latest.verdict}{figure}"
+        return f"{status}; {g.latest.gate} {word(g.latest.verdict)}{figure}"
 
 
 @dataclass(frozen=True)
@@ -226,6 +229,8 @@ class Report:
     """Ticket id -> line, for every ticket stuck on a host no worker polls: also those unchanged in the window."""
     questions: QuestionsView | None = None
     """Questions that belong to no ticket and the standing rulings (report/questions.py)."""
+    lang: str = DEFAULT
+    """The language the report is written in (report/i18n.py): its cards are, and render writes the rest in it."""
 
     def all_tickets(self) -> list[TicketView]:
         out: list[TicketView] = []

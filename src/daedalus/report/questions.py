@@ -17,6 +17,7 @@ from sqlmodel import Session, col, select
 
 from daedalus.decisions.rulings import Ruling, describe
 from daedalus.ids import QUESTION_SUBJECT
+from daedalus.report.i18n import _
 from daedalus.report.parts import Part, Section, cell
 from daedalus.schemas.audit import AuditKind
 from daedalus.store.questions import all_rulings, question_rows, standing_rulings
@@ -107,7 +108,7 @@ def _line(row: DecisionRow, events: dict[str, AuditEventRow], ruled: set[str]) -
 def _note(state: str, row: DecisionRow, closed: AuditEventRow | None) -> str:
     """The decider's note; for a withdrawn question who withdrew it and why (its close)."""
     if state == "withdrawn" and closed is not None and "withdrawn" in closed.detail:
-        return f"by {closed.actor}: {closed.detail['withdrawn']}"
+        return _("by {who}: {why}").format(who=closed.actor, why=closed.detail["withdrawn"])
     return row.note if state in ("ruled", "answered") else ""
 
 
@@ -116,42 +117,57 @@ def questions_sections(view: QuestionsView) -> list[Section]:
     if view.empty:
         return []
     deciders = sorted({person for line in view.open for person in line.deciders})
-    title = f"Questions for {', '.join(deciders)}" if deciders else "Questions for the deciders"
+    title = (
+        _("Questions for {deciders}").format(deciders=", ".join(deciders))
+        if deciders
+        else _("Questions for the deciders")
+    )
     lines = [
-        f"- **{cell(q.question)}** — options {cell(', '.join(q.options))}; answer with "
-        f"`daedalus decide {cell(q.request_id)} <option>` by {cell(q.deadline or '-')} UTC "
-        f"(asked {q.asked_at:%Y-%m-%d})"
+        f"- **{cell(q.question)}** — "
+        + _("options {options}; answer with {command} by {deadline} UTC (asked {asked})").format(
+            options=cell(", ".join(q.options)),
+            command=f"`daedalus decide {cell(q.request_id)} <option>`",
+            deadline=cell(q.deadline or "-"),
+            asked=f"{q.asked_at:%Y-%m-%d}",
+        )
         for q in view.open
-    ] or ["- nothing waits"]
+    ] or ["- " + _("nothing waits")]
     for q in view.done:
         match q.state:
             case "ruled":
-                done = f"ruled **{cell(q.outcome)}** by {cell(q.decided_by)}"
+                done = _("ruled **{outcome}** by {who}").format(
+                    outcome=cell(q.outcome), who=cell(q.decided_by)
+                )
             case "answered":
-                done = f"**{cell(q.outcome)}** by {cell(q.decided_by)}"
+                done = _("**{outcome}** by {who}").format(outcome=cell(q.outcome), who=cell(q.decided_by))
             case "expired":
                 done = (
-                    f"expired at the deadline, recorded **{cell(q.outcome)}**"
+                    _("expired at the deadline, recorded **{outcome}**").format(outcome=cell(q.outcome))
                     if q.outcome
-                    else "expired unanswered"
+                    else _("expired unanswered")
                 )
             case _:
-                done = f"withdrawn {cell(q.note)}" if q.note else "withdrawn"
+                done = _("withdrawn {note}").format(note=cell(q.note)) if q.note else _("withdrawn")
         when = (
-            f" on {q.closed_at:%Y-%m-%d %H:%M}" if q.closed_at is not None and q.state != "withdrawn" else ""
+            _(" on {at}").format(at=f"{q.closed_at:%Y-%m-%d %H:%M}")
+            if q.closed_at is not None and q.state != "withdrawn"
+            else ""
         )
         note = f" — “{cell(q.note)}”" if q.note and q.state in ("ruled", "answered") else ""
-        lines.append(f"- {cell(q.question)} — done: {done}{when}{note}")
+        lines.append(f"- {cell(q.question)} — " + _("done: {done}").format(done=done) + f"{when}{note}")
     sections = [Section("questions", title, [Part("\n".join(lines))])]
     if view.rulings:
-        table = ["| ruling | rule | ruled by | when |", "|---|---|---|---|"]
+        header = [_("ruling"), _("rule"), _("ruled by"), _("when")]
+        table = ["| " + " | ".join(header) + " |", "|---|---|---|---|"]
         table += [
             f"| {cell(r.statement)} | {cell(describe(r))} | {cell(r.ruled_by)} | {r.ruled_at:%Y-%m-%d %H:%M} |"
             for r in view.rulings
         ]
         table += [
             "",
-            "Later tickets and campaign proposals that contradict a standing ruling are refused with its name.",
+            _(
+                "Later tickets and campaign proposals that contradict a standing ruling are refused with its name."
+            ),
         ]
-        sections.append(Section("rulings", "Standing rulings", [Part("\n".join(table))]))
+        sections.append(Section("rulings", _("Standing rulings"), [Part("\n".join(table))]))
     return sections

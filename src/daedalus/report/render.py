@@ -14,12 +14,14 @@ import html
 from markdown_it import MarkdownIt
 
 from daedalus.escaping import plain
+from daedalus.report.i18n import _, language
 from daedalus.report.model import Report
 from daedalus.report.parts import Section
 from daedalus.report.sections import sections
 
 CSS = """
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1f2328; max-width: 1100px;
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", "Noto Sans CJK TC", "PingFang TC",
+       "Microsoft JhengHei", sans-serif; color: #1f2328; max-width: 1100px;
        margin: 2em auto; padding: 0 1em; }
 h1 { font-size: 1.6em; margin-bottom: .2em; } h2 { border-bottom: 1px solid #d0d7de; padding-bottom: .2em; }
 .meta { color: #57606a; }
@@ -53,21 +55,33 @@ def markdown_renderer() -> MarkdownIt:
     return MarkdownIt("commonmark", {"html": False}).enable("table").disable(STORED_TEXT_RULES, True)
 
 
+def title(report: Report) -> str:
+    return _("Progress report — since {since} UTC").format(since=f"{report.since:%Y-%m-%d %H:%M}")
+
+
 def render_markdown(report: Report) -> str:
-    out = [f"# Progress report — since {report.since:%Y-%m-%d %H:%M} UTC", ""]
-    out += _narrative(report)
-    for section in sections(report, with_charts=False):
-        out += [f"## {section.title}", "", section.markdown, ""]
+    """The report as Markdown, in the language it was built in (Report.lang)."""
+    with language(report.lang):
+        out = [f"# {title(report)}", ""]
+        out += _narrative(report)
+        for section in sections(report, with_charts=False):
+            out += [f"## {section.title}", "", section.markdown, ""]
     return plain("\n".join(out).rstrip()) + "\n"
 
 
 def render_html(report: Report) -> str:
+    """The report as one self-contained page, in the language it was built in (Report.lang)."""
+    with language(report.lang):
+        return _render_html(report)
+
+
+def _render_html(report: Report) -> str:
     md = markdown_renderer()
-    title = f"Progress report — since {report.since:%Y-%m-%d %H:%M} UTC"
-    body = [
-        f"<h1>{html.escape(title)}</h1>",
-        f'<p class="meta">generated {report.generated_at:%Y-%m-%d %H:%M} UTC from the Daedalus store</p>',
-    ]
+    heading = title(report)
+    generated = _("generated {at} UTC from the Daedalus store").format(
+        at=f"{report.generated_at:%Y-%m-%d %H:%M}"
+    )
+    body = [f"<h1>{html.escape(heading)}</h1>", f'<p class="meta">{html.escape(generated)}</p>']
     narrative = _narrative(report)
     if narrative:
         body.append(md.render("\n".join(narrative)))
@@ -75,10 +89,10 @@ def render_html(report: Report) -> str:
     for section in sections(report):
         body.append(_section_html(md, section))
     return (
-        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<!doctype html>\n<html lang="{report.lang}"><head><meta charset="utf-8">'
         f'<meta http-equiv="Content-Security-Policy" content="{CONTENT_SECURITY_POLICY}">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{html.escape(title)}</title><style>{CSS}</style></head>"
+        f"<title>{html.escape(heading)}</title><style>{CSS}</style></head>"
         f"<body>{''.join(body)}</body></html>\n"
     )
 
