@@ -27,7 +27,7 @@ from daedalus.engines.llama_build import (
 from daedalus.engines.llama_cpp import LlamaCppAdapter
 from daedalus.engines.measure import build_config_for
 from daedalus.engines.presets import PresetError, load_preset, parse_preset
-from daedalus.engines.process import EngineError
+from daedalus.errors import EngineError
 
 GPU_PRESET = {"engine": "llama.cpp", "name": "g", "backend": "cuda", "n_gpu_layers": 999}
 

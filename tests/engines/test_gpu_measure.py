@@ -19,7 +19,7 @@ from daedalus.engines.gpu import (
 )
 from daedalus.engines.measure import UnsupportedMetric, measure
 from daedalus.engines.presets import load_preset
-from daedalus.engines.process import EngineError
+from daedalus.errors import EngineError
 from daedalus.schemas.gates import METRIC_DIRECTIONS, Direction, Metric
 from daedalus.training.memory import Nvml
 

@@ -15,8 +15,8 @@ import yaml
 
 from daedalus.engines.measure import measure
 from daedalus.engines.presets import load_preset
-from daedalus.engines.process import EngineError
 from daedalus.engines.provenance import resolve_model
+from daedalus.errors import EngineError
 from daedalus.gates.verdicts import judge
 from daedalus.schemas.engines import Workload
 from daedalus.schemas.gates import GateSpec, Metric, Verdict

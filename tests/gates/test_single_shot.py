@@ -6,7 +6,7 @@ import pytest
 
 from daedalus.engines.capacity import fit_kib_per_token
 from daedalus.engines.measure import capacity_measurement
-from daedalus.engines.process import EngineError
+from daedalus.errors import EngineError
 from daedalus.gates.verdicts import judge
 from daedalus.schemas.engines import CapacityResult, KvMeasurement
 from daedalus.schemas.gates import GateMeasurement, GateSpec, Metric, Verdict

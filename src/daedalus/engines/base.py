@@ -14,9 +14,9 @@ from types import TracebackType
 import httpx
 import structlog
 
+from daedalus.engines.engine_processes import GroupProcess
 from daedalus.engines.metrics import flatten
 from daedalus.engines.openai_api import OpenAIEndpoint
-from daedalus.engines.process import GroupProcess
 from daedalus.errors import EngineError, EngineSetupError, MetricsUnavailable, ServerDied
 from daedalus.ports import port_in_use
 from daedalus.processes import log_tail

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from daedalus.engines.process import EngineError
-from daedalus.errors import GpuUnavailable
+from daedalus.errors import EngineError, GpuUnavailable
 
 GIB = 1024**3
 

@@ -23,8 +23,8 @@ from typing import Literal
 
 import structlog
 
+from daedalus.engines.engine_processes import run_teed
 from daedalus.engines.paths import cache_root
-from daedalus.engines.process import run_teed
 from daedalus.errors import BuildError, EngineError, EngineSetupError
 from daedalus.processes import log_tail
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from daedalus.engines.llama_build import LlamaBuild
 from daedalus.engines.presets import resolve_preset_path
-from daedalus.engines.process import EngineError
 from daedalus.engines.vllm import VllmAdapter
+from daedalus.errors import EngineError
 from daedalus.schemas.engines import LlamaCppPreset, VllmPreset, Workload
 from daedalus.schemas.gates import Provenance
 

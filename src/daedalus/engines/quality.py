@@ -9,8 +9,8 @@ from collections import Counter
 from pathlib import Path
 
 from daedalus.engines.base import Server
+from daedalus.engines.engine_processes import run_teed
 from daedalus.engines.llama_build import LlamaBuild
-from daedalus.engines.process import run_teed
 from daedalus.engines.tiny_model import _WORDS
 from daedalus.errors import EngineError
 from daedalus.gates.statistics import clopper_pearson

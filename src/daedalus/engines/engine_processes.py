@@ -1,4 +1,6 @@
-"""Child processes in their own process group: started, logged, and killed as a whole group."""
+"""An engine's child processes, each in its own process group: its server (GroupProcess, started, logged and
+killed as a whole group) and its tools run to completion (run_teed). A workflow step's processes (confined,
+heartbeating, step tokens) are daedalus.processes'."""
 
 from __future__ import annotations
 
