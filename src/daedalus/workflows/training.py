@@ -160,7 +160,7 @@ class TrainingRunWorkflow:
     @workflow.run
     async def run(self, inp: TrainingRunInput) -> TrainingRunStatus:
         self.patches.decide()
-        self.evaluations.decide()
+        self.evaluations.ask_patch()
         if inp.dispatch is not None and inp.dispatch.required and not await self._dispatched(inp.dispatch):
             await self._close()
             return self.status()

@@ -84,8 +84,9 @@ class CheckpointEvaluations:
         self._evaluation: workflow.ActivityHandle[CheckpointEvaluated] | None = None
         self._evaluating_now: str | None = None
 
-    def decide(self) -> None:
-        """Decided by the spec first: a run without an evaluation records no marker for it."""
+    def ask_patch(self) -> None:
+        """Whether EVALUATION_PATCH is on, asked in `run`'s first activation (a patch question, not a decision);
+        decided by the spec first: a run without an evaluation records no marker for it."""
         self.on = self.run.spec.evaluation is not None and workflow.patched(EVALUATION_PATCH)
 
     @property
