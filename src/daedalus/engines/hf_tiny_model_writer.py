@@ -74,7 +74,9 @@ def write(spec: dict[str, int], corpus: Path, out: Path) -> None:
                     std *= 4.0  # spread the logits (as the GGUF writer's output matrix)
                 parameter.normal_(0.0, std, generator=generator)
     kept = spec["num_hidden_layers"]
-    if kept < config.num_hidden_layers:  # a layer-skip drafter: the target's first layers, embeddings and head
+    if (
+        kept < config.num_hidden_layers
+    ):  # a layer-skip drafter: the target's first layers, embeddings and head
         model.model.layers = model.model.layers[:kept]
         model.config.num_hidden_layers = kept
     model = model.to(torch.bfloat16)
