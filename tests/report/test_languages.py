@@ -18,6 +18,7 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import pytest
 from babel.messages.extract import extract_from_dir
 from babel.messages.pofile import read_po
@@ -29,6 +30,7 @@ from daedalus.report.i18n import LANGUAGES, UnknownLanguage, language, po_path
 from daedalus.report.questions import QuestionLine, QuestionsView, questions_sections
 from daedalus.report.sections import sections
 from daedalus.store.database import session_scope
+from tests.api.conftest import api, as_, slack, slack_settings  # noqa: F401 (fixtures for the /report test)
 from tests.report.seeded import fill
 
 REPORT_SOURCES = Path(i18n.__file__).parent
@@ -210,3 +212,19 @@ def test_the_cli_writes_the_report_in_zh_tw(sqlite_engine: Engine, tmp_path: Pat
     text = out.read_text()
     assert text.startswith("# 進度戰報") and "## 票" in text and "MTP align tax fix" in text
     assert '<html lang="zh-TW">' in page.read_text()
+
+
+async def test_the_api_serves_the_report_in_zh_tw(
+    api: httpx.AsyncClient,  # noqa: F811
+    sqlite_engine: Engine,
+    tmp_path: Path,
+) -> None:
+    fill(sqlite_engine, tmp_path / "artifacts")
+    page = await api.get("/report", params={"lang": "zh-TW"}, headers=as_("wayne"))
+    assert page.status_code == 200 and '<html lang="zh-TW">' in page.text and "<h2>戰役</h2>" in page.text
+    md = await api.get("/report", params={"format": "md", "lang": "zh-TW"}, headers=as_("wayne"))
+    assert "## 教訓與陷阱" in md.text and "MTP align tax fix" in md.text
+    english = await api.get("/report", params={"format": "md"}, headers=as_("wayne"))
+    assert "## Lessons and traps" in english.text
+    wrong = await api.get("/report", params={"lang": "fr"}, headers=as_("wayne"))
+    assert wrong.status_code == 422 and "use one of: en, zh-TW" in wrong.text

@@ -37,10 +37,14 @@ th { background: #f6f8fa; }
 blockquote { border-left: 4px solid #d0d7de; margin: 0; padding: 0 1em; color: #57606a; }
 figure { margin: 1em 0; } figure svg { max-width: 100%; height: auto; }
 figcaption { color: #57606a; font-size: .9em; }
+th, td { overflow-wrap: anywhere; }
+@page { size: A4; margin: 12mm; }
 @media print {
   body { max-width: none; margin: 0; font-size: 10pt; }
-  section, figure, table { break-inside: avoid; }
-  .card { break-inside: avoid; }
+  h1, h2, h3, h4 { break-after: avoid; }
+  figure, tr, li, .card { break-inside: avoid; }
+  thead { display: table-header-group; }
+  table { font-size: 8.5pt; }
 }
 """
 CONTENT_SECURITY_POLICY = (
