@@ -125,6 +125,9 @@ def test_the_seeded_report_in_english_and_zh_tw(store_engine: Engine, tmp_path: 
     assert Counter(NUMBER.findall(en_text)) == Counter(NUMBER.findall(zh_text))
     page = render_html(chinese)
     assert '<html lang="zh-TW">' in page and "<h2>票</h2>" in page and "Noto Sans CJK TC" in page
+    # the charts' captions (their alt text) too; the text drawn inside the SVG stays as matplotlib drew it
+    assert "<figcaption>票 4：各閘門的各輪、中位數與信賴區間</figcaption>" in page  # noqa: RUF001
+    assert "each gate&#x27;s rounds" not in page and "each gate's rounds" not in page
     for section in en_sections:
         assert f'<section id="{section.anchor}">' in page
 

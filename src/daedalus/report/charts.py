@@ -14,6 +14,7 @@ matplotlib.use("Agg")  # no display on workers and servers; must precede pyplot
 import matplotlib.pyplot as plt
 import numpy as np
 
+from daedalus.report.i18n import _
 from daedalus.report.model import CampaignView, GateView, TrainingView, threshold_of
 from daedalus.report.parts import Chart
 
@@ -84,7 +85,8 @@ def gate_intervals(ticket_id: str, gates: list[GateView]) -> Chart | None:
             ax.set_xlabel(f"{v.metric}{unit}")
             ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
         fig.tight_layout()
-        return Chart("intervals", f"Ticket {ticket_id}: each gate's rounds, median and interval", _svg(fig))
+        caption = _("Ticket {ticket}: each gate's rounds, median and interval").format(ticket=ticket_id)
+        return Chart("intervals", caption, _svg(fig))
 
 
 def campaign_heatmap(campaign: CampaignView) -> Chart | None:
@@ -126,7 +128,9 @@ def campaign_heatmap(campaign: CampaignView) -> Chart | None:
         fig.tight_layout()
         return Chart(
             "heatmap",
-            f"Campaign {campaign.row.campaign_id}: decode tok/s per preset and workload; grey = no number",
+            _("Campaign {campaign}: decode tok/s per preset and workload; grey = no number").format(
+                campaign=campaign.row.campaign_id
+            ),
             _svg(fig),
         )
 
@@ -156,4 +160,5 @@ def memory_curves(run: TrainingView, threshold_gib: float | None = None) -> Char
         ax.set_title(title, loc="left")
         ax.legend(loc="best", fontsize=7, frameon=False)
         fig.tight_layout()
-        return Chart("memory", f"Training {run.run}: available memory until each death (x)", _svg(fig))
+        caption = _("Training {run}: available memory until each death (x)").format(run=run.run)
+        return Chart("memory", caption, _svg(fig))
