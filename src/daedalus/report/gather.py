@@ -139,17 +139,19 @@ def _death(event: AuditEventRow) -> DeathView:
     """The death with its memory curve, read from the artifact the watchdog kept (when this machine has it)."""
     path_text = event.detail.get("curve")
     if not path_text:
-        return DeathView(event, [], "no memory curve was recorded")
+        return DeathView(event, [], _("no memory curve was recorded"))
     path = Path(path_text)
     if not path.is_file():
-        return DeathView(event, [], f"memory curve at {path} (on host; not readable here)")
+        return DeathView(
+            event, [], _("memory curve at {path} (on host; not readable here)").format(path=path)
+        )
     samples = list(read_curve(path))
     if not samples:
-        return DeathView(event, [], f"memory curve at {path} is empty")
+        return DeathView(event, [], _("memory curve at {path} is empty").format(path=path))
     step = max(1, len(samples) // MAX_CURVE_POINTS)
     t0 = samples[0].t
     curve = [CurvePoint((s.t - t0) / 60, s.available / GIB) for s in samples[::step]]
-    return DeathView(event, curve, f"{len(samples)} samples from {path}")
+    return DeathView(event, curve, _("{count} samples from {path}").format(count=len(samples), path=path))
 
 
 def _cards(
@@ -177,7 +179,7 @@ def _cards(
             Card(
                 _("Training {run}").format(run=run.run),
                 word(run.state).replace("_", " ")
-                + ", "
+                + _(", ")
                 + ngettext("{count} death", "{count} deaths", deaths).format(count=deaths)
                 + f"{slope}{progress}{serving}",
                 "fail" if run.state in ("gave_up", "awaiting_decision") else "info",

@@ -110,7 +110,9 @@ class TicketView:
             return status
         g = self.gates[0]
         figure = f" {fmt(g.after)} {g.unit}".rstrip() if g.after is not None else ""
-        return f"{status}; {g.latest.gate} {word(g.latest.verdict)}{figure}"
+        return _("{status}; {gate} {verdict}{figure}").format(
+            status=status, gate=g.latest.gate, verdict=word(g.latest.verdict), figure=figure
+        )
 
 
 @dataclass(frozen=True)

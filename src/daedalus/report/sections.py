@@ -300,7 +300,8 @@ def _training(report: Report, with_charts: bool) -> Section:
         for death in run.deaths:
             d = death.event.detail
             lines.append(
-                f"- {cell(death.death_id)} — {cell(death.death_class)}, "
+                f"- {cell(death.death_id)} — {cell(death.death_class)}"
+                + _(", ")
                 + _(
                     "lived {lifetime} s, min available {available} GiB, slope {slope} GiB/h, "
                     "last checkpoint {checkpoint}; {note}"
