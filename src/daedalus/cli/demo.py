@@ -22,6 +22,7 @@ from sqlalchemy import Engine
 
 from daedalus import services as tickets
 from daedalus.agents.local_model import local_model
+from daedalus.api.models import AuditEventPublic
 from daedalus.cli import _common
 from daedalus.cli._common import console, fail, run
 from daedalus.cli.tickets import print_audit, print_state
@@ -282,7 +283,8 @@ async def _drive(
         print_state(final)
         console.rule("audit trail (from the store)")
         with session_scope(stack.engine) as session:
-            print_audit(queries.audit_events(session=session, ticket_id=spec.id))
+            events = queries.audit_events(session=session, ticket_id=spec.id)
+            print_audit([AuditEventPublic.model_validate(event) for event in events])
         return final
 
 

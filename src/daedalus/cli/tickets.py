@@ -12,19 +12,17 @@ import typer
 from pydantic import BaseModel, ValidationError
 
 from daedalus.cli._common import (
-    audit_key,
     client,
     console,
     fail,
     lazy_module,
-    policy,
     run,
     settings,
     store,
     waiting_on_hosts,
 )
-from daedalus.cli.remote import Remote, local_person, shared_stack
-from daedalus.errors import RegistryError, RequestRefused
+from daedalus.cli.clients import stack_client
+from daedalus.errors import RequestRefused
 from daedalus.escaping import for_terminal as shown
 from daedalus.schemas.ticket import (
     CancelRequest,
@@ -38,11 +36,10 @@ from daedalus.schemas.ticket import (
 
 if TYPE_CHECKING:
     from daedalus import services as tickets
-    from daedalus.api.models import AuditEventPublic, TicketSummary
+    from daedalus.api.models import AuditEventPublic
     from daedalus.services.audit import Verification
     from daedalus.store import queries
     from daedalus.store.database import session_scope
-    from daedalus.store.tables import AuditEventRow, TicketRow
 else:  # loaded on first use: `decide`, `ticket list` and `ticket show` start without what they do not touch
     tickets = lazy_module("daedalus.services")
     queries = lazy_module("daedalus.store.queries")
@@ -78,43 +75,16 @@ def create(
         spec = tickets.load_spec(file)
     except RequestRefused as error:
         fail(str(error))
-    remote = shared_stack()
-    if remote is not None:
-        remote.acting_as(filed_by)
-        filed = remote.call("POST", "/tickets", json=spec.model_dump(mode="json"))
+    stack = stack_client()
+    filed = stack.file_ticket(spec, stack.filer(filed_by))
+    if filed.ui_url is None:  # filed through a shared stack's API: it says whom it took the token for
         console.print(
-            f"filed ticket [bold]{shown(spec.id)}[/bold] as workflow {shown(filed['workflow_id'])} "
-            f"by {shown(filed['filed_by'])}"
+            f"filed ticket [bold]{shown(spec.id)}[/bold] as workflow {shown(filed.filed.workflow_id)} "
+            f"by {shown(filed.filed.filed_by)}"
         )
         return
-    # Without a policy the local stack records an unnamed filer as `cli`; under one, who files decides who
-    # may approve, so it must be said.
-    filer = local_person(filed_by) if policy() is not None else filed_by or "cli"
-    from daedalus.hosts.registry import load_registry
-
-    temporal = settings().temporal
-    try:
-        hosts = load_registry(settings().hosts_file)
-    except RegistryError as error:
-        fail(str(error))
-
-    async def go() -> str:
-        handle = await tickets.file_ticket(
-            await client(),
-            spec,
-            queue=temporal.control_queue,
-            filed_by=filer,
-            hosts=hosts,
-            policy=policy(),
-            store=store(),
-        )
-        return handle.id
-
-    workflow_id = run(go())
-    console.print(f"filed ticket [bold]{shown(spec.id)}[/bold] as workflow {shown(workflow_id)}")
-    console.print(
-        f"  watch: daedalus ticket show {spec.id}   UI: http://localhost:{temporal.ui_port}/namespaces/{temporal.namespace}/workflows/{workflow_id}"
-    )
+    console.print(f"filed ticket [bold]{shown(spec.id)}[/bold] as workflow {shown(filed.filed.workflow_id)}")
+    console.print(f"  watch: daedalus ticket show {spec.id}   UI: {filed.ui_url}")
 
 
 @app.command("list")
@@ -122,19 +92,7 @@ def list_(status: Annotated[str | None, typer.Option(help="only tickets in this 
     """Tickets from the store's projection, newest first."""
     from rich.table import Table
 
-    rows: Sequence[TicketRow | TicketSummary]
-    remote = shared_stack()
-    if remote is not None:
-        from daedalus.api.models import TicketSummary  # FastAPI loads only where the API is used
-
-        found = remote.call("GET", "/tickets", params={"status": status} if status else {})
-        summaries = [TicketSummary.model_validate(row) for row in found]
-        waiting = {s.ticket_id: s.waiting_on_host for s in summaries if s.waiting_on_host}
-        rows = summaries
-    else:
-        with session_scope(store()) as session:
-            rows = queries.list_tickets(session=session, status=status)
-        waiting = waiting_on_hosts(rows)
+    rows = stack_client().list_tickets(status)
     table = Table("ticket", "title", "status", "host", "agent", "attempts", "awaiting", "updated")
     for row in rows:
         table.add_row(
@@ -148,48 +106,18 @@ def list_(status: Annotated[str | None, typer.Option(help="only tickets in this 
             f"{row.updated_at:%Y-%m-%d %H:%M:%S}",
         )
     console.print(table)
-    for ticket_id, line in waiting.items():
-        console.print(f"[yellow]ticket {shown(ticket_id)}: {shown(line)}[/yellow]")
+    for row in rows:
+        if row.waiting_on_host:
+            console.print(f"[yellow]ticket {shown(row.ticket_id)}: {shown(row.waiting_on_host)}[/yellow]")
 
 
 @app.command()
 def show(ticket_id: str) -> None:
     """Status, what it runs, the pending decision with its evidence, and the attempts side by side."""
-    remote = shared_stack()
-    if remote is not None:
-        _show_remote(remote, ticket_id)
-        return
-
-    async def go() -> TicketState:
-        return await tickets.status(await client(), ticket_id)
-
-    state = run(go())
-    with session_scope(store()) as session:
-        row = queries.get_ticket(session=session, ticket_id=ticket_id)
-        waiting = waiting_on_hosts([row]) if row is not None and row.status == state.status.value else {}
-        recorded = {
-            child: found.status
-            for child in state.children
-            if (found := queries.get_ticket(session=session, ticket_id=child)) is not None
-        }
-    print_state(state, waiting.get(ticket_id), recorded)
-
-
-def _show_remote(remote: Remote, ticket_id: str) -> None:
-    from daedalus.api.models import TicketDetail
-
-    detail = TicketDetail.model_validate(remote.call("GET", f"/tickets/{ticket_id}"))
-    row = detail.projection
-    if detail.live is not None:
-        # The API's waiting line is the store row's; it holds while the live state has not moved past the row.
-        waiting = row.waiting_on_host if row is not None and row.status == detail.live.status.value else None
-        recorded = {}
-        for child, status in detail.live.children.items():
-            if not status.is_closed:  # the parent records a child's status only when it starts and closes
-                child_detail = TicketDetail.model_validate(remote.call("GET", f"/tickets/{child}"))
-                if child_detail.projection is not None:
-                    recorded[child] = child_detail.projection.status
-        print_state(detail.live, waiting, recorded)
+    view = stack_client().show_ticket(ticket_id)
+    row = view.projection
+    if view.live is not None:
+        print_state(view.live, view.waiting_on_host, view.children_recorded)
     elif row is not None:
         console.print(
             f"[bold]ticket {shown(row.ticket_id)}[/bold]: {shown(row.title)}  \\[{shown(row.status)}]"
@@ -284,8 +212,8 @@ def amend(
     note: str = "",
 ) -> None:
     """Change a live ticket's brief, constraints or attempt budget (applies from the next attempt)."""
-    remote = shared_stack()
-    who = remote.acting_as(who) if remote is not None else local_person(who)
+    stack = stack_client()
+    who = stack.acting_as(who)
     amendment = _model(
         SpecAmendment,
         amended_by=who,
@@ -294,17 +222,7 @@ def amend(
         max_attempts=max_attempts,
         note=note,
     )
-    if remote is not None:
-        body = amendment.model_dump(mode="json")
-        print_state(
-            TicketState.model_validate(remote.call("POST", f"/tickets/{ticket_id}/amendments", json=body))
-        )
-        return
-
-    async def go() -> TicketState:
-        return await tickets.amend(await client(), ticket_id, amendment)
-
-    print_state(run(go()))
+    print_state(stack.amend(ticket_id, amendment))
 
 
 @app.command()
@@ -314,18 +232,9 @@ def cancel(
     who: Annotated[str | None, typer.Option("--as", help=AS_HELP)] = None,
 ) -> None:
     """Cancel a live ticket; its running step and that step's processes on the host are stopped."""
-    remote = shared_stack()
-    who = remote.acting_as(who) if remote is not None else local_person(who)
-    request = _model(CancelRequest, requested_by=who, reason=reason)
-    if remote is not None:
-        body = request.model_dump(mode="json")
-        state = TicketState.model_validate(remote.call("POST", f"/tickets/{ticket_id}/cancel", json=body))
-    else:
-
-        async def go() -> TicketState:
-            return await tickets.cancel(await client(), ticket_id, request)
-
-        state = run(go())
+    stack = stack_client()
+    who = stack.acting_as(who)
+    state = stack.cancel(ticket_id, _model(CancelRequest, requested_by=who, reason=reason))
     console.print(shown(f"ticket {ticket_id}: cancel requested by {who} (status now {state.status.value})"))
 
 
@@ -338,29 +247,10 @@ def terminate(
     ] = None,
 ) -> None:
     """Last resort for a wedged ticket that cannot be cancelled: terminate its workflow and close its trail."""
-    remote = shared_stack()
-    who = remote.acting_as(who) if remote is not None else local_person(who)
-    request = _model(TerminateRequest, requested_by=who, reason=reason)
-    if remote is not None:
-        events = remote.call("POST", f"/tickets/{ticket_id}/terminate", json=request.model_dump(mode="json"))
-        closed = [f"{event['ticket_id']} (#{event['seq']})" for event in events]
-    else:
-
-        async def go() -> list[str]:
-            from daedalus.services import termination
-
-            closed = await termination.terminate(
-                await client(),
-                ticket_id,
-                by=request.requested_by,
-                reason=request.reason,
-                store=store(),
-                key=audit_key(),
-                policy=policy(),
-            )
-            return [f"{event.ticket_id} (#{event.seq})" for event in closed]
-
-        closed = run(go())
+    stack = stack_client()
+    who = stack.acting_as(who)
+    events = stack.terminate(ticket_id, _model(TerminateRequest, requested_by=who, reason=reason))
+    closed = [f"{event.ticket_id} (#{event.seq})" for event in events]
     console.print(shown(f"ticket {ticket_id} terminated by {who}; closing audit events: {', '.join(closed)}"))
 
 
@@ -378,8 +268,8 @@ def decide(
     ] = False,
 ) -> None:
     """Answer a pending decision. Refused (and nothing written) for an unknown request, option or decider."""
-    remote = shared_stack()
-    who = remote.acting_as(who) if remote is not None else local_person(who)
+    stack = stack_client()
+    who = stack.acting_as(who)
     if lesson and not note.strip():
         fail(
             '--lesson marks the note as a lesson, and there is no note: add --note "what later agents should know"'
@@ -393,14 +283,7 @@ def decide(
         channel="cli",
         lesson=lesson,
     )
-    if remote is not None:
-        remote.call("POST", "/decisions", json=decision.model_dump(mode="json"))
-    else:
-
-        async def go() -> object:
-            return await tickets.decide(await client(), decision, store=store(), policy=policy())
-
-        run(go())
+    stack.decide(decision)
     kept = "; the note is recorded as a lesson" if lesson else ""
     console.print(shown(f"{who} chose {option!r} for {request_id}{kept}"))
 
@@ -419,19 +302,9 @@ def delegate(
 ) -> None:
     """Let someone decide one kind of decision for a ticket ("the lead may answer its escalations for me").
     Refused before anything is written when the server's policy would not honour it."""
-    remote = shared_stack()
-    who = remote.acting_as(who) if remote is not None else local_person(who)
-    delegation = _model(Delegation, granted_by=who, delegate=to, kind=kind)
-    if remote is not None:
-        body = delegation.model_dump(mode="json")
-        people = remote.call("POST", f"/tickets/{ticket_id}/delegations", json=body)["delegates"]
-    else:
-        found = policy()
-
-        async def go() -> list[str]:
-            return await tickets.delegate(await client(), ticket_id, delegation, policy=found)
-
-        people = run(go())
+    stack = stack_client()
+    who = stack.acting_as(who)
+    people = stack.delegate(ticket_id, _model(Delegation, granted_by=who, delegate=to, kind=kind))
     console.print(
         shown(f"ticket {ticket_id}: {kind.value} decisions may now also be made by {', '.join(people)}")
     )
@@ -454,25 +327,11 @@ def audit(
     """The audit trail from the store: one line per transition, oldest first."""
     if context.invoked_subcommand is not None:
         return
-    from daedalus.api.models import AuditEventPublic  # FastAPI loads only where the API is used
-
     since_at = parse_since(since) if since else None
-    remote = shared_stack()
-    if remote is not None:
-        query: dict[str, str | int] = {"limit": limit}
-        query.update({k: v for k, v in (("ticket", ticket), ("actor", actor)) if v is not None})
-        if since_at is not None:
-            query["since"] = since_at.isoformat()
-        print_audit([AuditEventPublic.model_validate(e) for e in remote.call("GET", "/audit", params=query)])
-        return
-    with session_scope(store()) as session:
-        events = queries.audit_events(
-            session=session, ticket_id=ticket, actor=actor, since=since_at, limit=limit
-        )
-        print_audit(events)
+    print_audit(stack_client().audit(ticket, actor, since_at, limit))
 
 
-def print_audit(events: Sequence[AuditEventRow | AuditEventPublic]) -> None:
+def print_audit(events: Sequence[AuditEventPublic]) -> None:
     from rich.table import Table
 
     table = Table("at", "ticket", "#", "kind", "actor", "status", "summary")

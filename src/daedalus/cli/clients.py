@@ -1,0 +1,304 @@
+"""What the CLI asks of a stack, typed: one `StackClient` protocol, chosen once per command by `stack_client()`.
+
+`LocalStack` answers through the service layer, Temporal and the store (the embedded, single-user stack of
+`daedalus up` and the demo, which trusts the local user's `--as`). `SharedStack` answers through a shared stack's
+authenticated HTTP API (DAEDALUS_API_URL, DAEDALUS_API_TOKEN), acting as the token's person, and parses every
+answer with the API's own response models (daedalus.api.models): a command reads fields, never raw JSON.
+
+Both import what they use on first use: a command loads Temporal's client, the store or httpx only when its
+stack needs them (tests/cli/test_startup.py holds every command to that).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+from daedalus.api.models import AuditEventPublic, Delegated, TicketDetail, TicketFiled, TicketSummary
+from daedalus.cli._common import audit_key, client, policy, run, settings, store, waiting_on_hosts
+from daedalus.cli.remote import Remote, local_person, shared_stack
+from daedalus.schemas.audit import AuditEvent
+from daedalus.schemas.ticket import (
+    CancelRequest,
+    Decision,
+    Delegation,
+    SpecAmendment,
+    TerminateRequest,
+    TicketSpec,
+    TicketState,
+)
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+
+@dataclass(frozen=True)
+class Filed:
+    """A filed ticket, and where to watch it (a local stack's Temporal UI; None against a shared stack)."""
+
+    filed: TicketFiled
+    ui_url: str | None = None
+    """The workflow's page in the local Temporal UI; None when the filing was made through a shared API."""
+
+
+@dataclass(frozen=True)
+class TicketView:
+    """What `ticket show` prints: the live state (None when Temporal did not answer in time), the store's row,
+    the line saying the ticket waits on a host nobody serves, and each sub-ticket's status from its own trail."""
+
+    live: TicketState | None
+    projection: TicketSummary | None
+    waiting_on_host: str | None = None
+    children_recorded: dict[str, str] = field(default_factory=dict)
+
+
+class StackClient(Protocol):
+    """Everything the ticket, decision and audit commands ask of a stack."""
+
+    def acting_as(self, claimed: str | None, flag: str = "--as") -> str:
+        """Who acts: the local user's word (which must be said), or the shared stack's token's person."""
+        ...
+
+    def filer(self, claimed: str | None) -> str:
+        """Who files a ticket (a local stack without a policy records an unnamed filer as `cli`)."""
+        ...
+
+    def file_ticket(self, spec: TicketSpec, filed_by: str) -> Filed: ...
+
+    def list_tickets(self, status: str | None) -> list[TicketSummary]:
+        """The store's projection, newest first, each ticket stuck on a host no worker polls saying so."""
+        ...
+
+    def show_ticket(self, ticket_id: str) -> TicketView: ...
+
+    def amend(self, ticket_id: str, amendment: SpecAmendment) -> TicketState: ...
+
+    def cancel(self, ticket_id: str, request: CancelRequest) -> TicketState: ...
+
+    def terminate(self, ticket_id: str, request: TerminateRequest) -> list[AuditEvent]:
+        """The closing audit events written for the ticket and its live sub-tickets."""
+        ...
+
+    def decide(self, decision: Decision) -> None: ...
+
+    def delegate(self, ticket_id: str, delegation: Delegation) -> list[str]:
+        """Everyone who may now decide that kind of decision for the ticket."""
+        ...
+
+    def audit(
+        self, ticket: str | None, actor: str | None, since: datetime | None, limit: int
+    ) -> list[AuditEventPublic]:
+        """Audit events oldest first."""
+        ...
+
+
+def stack_client() -> StackClient:
+    """The shared stack's API when DAEDALUS_API_URL is set, else the local, embedded stack."""
+    remote = shared_stack()
+    return LocalStack() if remote is None else SharedStack(remote)
+
+
+class LocalStack:
+    """The embedded stack: the service layer against Temporal and the store, the local user's word for who acts."""
+
+    def acting_as(self, claimed: str | None, flag: str = "--as") -> str:
+        return local_person(claimed, flag)
+
+    def filer(self, claimed: str | None) -> str:
+        # Without a policy the local stack records an unnamed filer as `cli`; under one, who files decides who
+        # may approve, so it must be said.
+        return local_person(claimed) if policy() is not None else claimed or "cli"
+
+    def file_ticket(self, spec: TicketSpec, filed_by: str) -> Filed:
+        from daedalus import services
+        from daedalus.cli._common import registry
+
+        temporal = settings().temporal
+        hosts = registry()
+
+        async def go() -> TicketFiled:
+            handle = await services.file_ticket(
+                await client(),
+                spec,
+                queue=temporal.control_queue,
+                filed_by=filed_by,
+                hosts=hosts,
+                policy=policy(),
+                store=store(),
+            )
+            return TicketFiled(
+                ticket_id=spec.id,
+                workflow_id=handle.id,
+                run_id=handle.first_execution_run_id,
+                filed_by=filed_by,
+            )
+
+        filed = run(go())
+        ui = f"http://localhost:{temporal.ui_port}/namespaces/{temporal.namespace}/workflows/{filed.workflow_id}"
+        return Filed(filed, ui_url=ui)
+
+    def list_tickets(self, status: str | None) -> list[TicketSummary]:
+        from daedalus.store import queries
+        from daedalus.store.database import session_scope
+
+        with session_scope(store()) as session:
+            rows = queries.list_tickets(session=session, status=status)
+        waiting = waiting_on_hosts(rows)
+        return [
+            TicketSummary.model_validate(row).model_copy(
+                update={"waiting_on_host": waiting.get(row.ticket_id)}
+            )
+            for row in rows
+        ]
+
+    def show_ticket(self, ticket_id: str) -> TicketView:
+        from daedalus import services
+        from daedalus.store import queries
+        from daedalus.store.database import session_scope
+
+        async def go() -> TicketState:
+            return await services.status(await client(), ticket_id)
+
+        state = run(go())
+        with session_scope(store()) as session:
+            row = queries.get_ticket(session=session, ticket_id=ticket_id)
+            waiting = waiting_on_hosts([row]) if row is not None and row.status == state.status.value else {}
+            recorded = {
+                child: found.status
+                for child in state.children
+                if (found := queries.get_ticket(session=session, ticket_id=child)) is not None
+            }
+            projection = TicketSummary.model_validate(row) if row is not None else None
+        return TicketView(state, projection, waiting.get(ticket_id), recorded)
+
+    def amend(self, ticket_id: str, amendment: SpecAmendment) -> TicketState:
+        from daedalus import services
+
+        async def go() -> TicketState:
+            return await services.amend(await client(), ticket_id, amendment)
+
+        return run(go())
+
+    def cancel(self, ticket_id: str, request: CancelRequest) -> TicketState:
+        from daedalus import services
+
+        async def go() -> TicketState:
+            return await services.cancel(await client(), ticket_id, request)
+
+        return run(go())
+
+    def terminate(self, ticket_id: str, request: TerminateRequest) -> list[AuditEvent]:
+        from daedalus.services import termination
+
+        async def go() -> list[AuditEvent]:
+            return await termination.terminate(
+                await client(),
+                ticket_id,
+                by=request.requested_by,
+                reason=request.reason,
+                store=store(),
+                key=audit_key(),
+                policy=policy(),
+            )
+
+        return run(go())
+
+    def decide(self, decision: Decision) -> None:
+        from daedalus import services
+
+        async def go() -> object:
+            return await services.decide(await client(), decision, store=store(), policy=policy())
+
+        run(go())
+
+    def delegate(self, ticket_id: str, delegation: Delegation) -> list[str]:
+        from daedalus import services
+
+        found = policy()
+
+        async def go() -> list[str]:
+            return await services.delegate(await client(), ticket_id, delegation, policy=found)
+
+        return run(go())
+
+    def audit(
+        self, ticket: str | None, actor: str | None, since: datetime | None, limit: int
+    ) -> list[AuditEventPublic]:
+        from daedalus.store import queries
+        from daedalus.store.database import session_scope
+
+        with session_scope(store()) as session:
+            rows = queries.audit_events(
+                session=session, ticket_id=ticket, actor=actor, since=since, limit=limit
+            )
+            return [AuditEventPublic.model_validate(row) for row in rows]
+
+
+class SharedStack:
+    """A shared stack's HTTP API, as the token's person; every answer parsed with the API's response model."""
+
+    def __init__(self, remote: Remote) -> None:
+        self.remote = remote
+
+    def acting_as(self, claimed: str | None, flag: str = "--as") -> str:
+        return self.remote.acting_as(claimed)
+
+    def filer(self, claimed: str | None) -> str:
+        return self.remote.acting_as(claimed)
+
+    def _post(self, path: str, body: BaseModel) -> Any:
+        return self.remote.call("POST", path, json=body.model_dump(mode="json"))
+
+    def file_ticket(self, spec: TicketSpec, filed_by: str) -> Filed:
+        return Filed(TicketFiled.model_validate(self._post("/tickets", spec)))
+
+    def list_tickets(self, status: str | None) -> list[TicketSummary]:
+        found = self.remote.call("GET", "/tickets", params={"status": status} if status else {})
+        return [TicketSummary.model_validate(row) for row in found]
+
+    def _detail(self, ticket_id: str) -> TicketDetail:
+        return TicketDetail.model_validate(self.remote.call("GET", f"/tickets/{ticket_id}"))
+
+    def show_ticket(self, ticket_id: str) -> TicketView:
+        detail = self._detail(ticket_id)
+        row = detail.projection
+        if detail.live is None:
+            return TicketView(None, row, row.waiting_on_host if row is not None else None)
+        # The API's waiting line is the store row's; it holds while the live state has not moved past the row.
+        waiting = row.waiting_on_host if row is not None and row.status == detail.live.status.value else None
+        recorded = {}
+        for child, status in detail.live.children.items():
+            if not status.is_closed:  # the parent records a child's status only when it starts and closes
+                child_row = self._detail(child).projection
+                if child_row is not None:
+                    recorded[child] = child_row.status
+        return TicketView(detail.live, row, waiting, recorded)
+
+    def amend(self, ticket_id: str, amendment: SpecAmendment) -> TicketState:
+        return TicketState.model_validate(self._post(f"/tickets/{ticket_id}/amendments", amendment))
+
+    def cancel(self, ticket_id: str, request: CancelRequest) -> TicketState:
+        return TicketState.model_validate(self._post(f"/tickets/{ticket_id}/cancel", request))
+
+    def terminate(self, ticket_id: str, request: TerminateRequest) -> list[AuditEvent]:
+        events = self._post(f"/tickets/{ticket_id}/terminate", request)
+        return [AuditEvent.model_validate(event) for event in events]
+
+    def decide(self, decision: Decision) -> None:
+        self._post("/decisions", decision)
+
+    def delegate(self, ticket_id: str, delegation: Delegation) -> list[str]:
+        return Delegated.model_validate(self._post(f"/tickets/{ticket_id}/delegations", delegation)).delegates
+
+    def audit(
+        self, ticket: str | None, actor: str | None, since: datetime | None, limit: int
+    ) -> list[AuditEventPublic]:
+        query: dict[str, str | int] = {"limit": limit}
+        query.update({k: v for k, v in (("ticket", ticket), ("actor", actor)) if v is not None})
+        if since is not None:
+            query["since"] = since.isoformat()
+        return [
+            AuditEventPublic.model_validate(event)
+            for event in self.remote.call("GET", "/audit", params=query)
+        ]
