@@ -244,7 +244,9 @@ async def run_worker(
         if workflow_cache is not None:
             config = dataclasses.replace(config, max_cached_workflows=workflow_cache)
         if remote_audit:  # the code before the patch: each audit event a remote activity
-            config = dataclasses.replace(config, inactive_patches=frozenset({AUDIT_LOCAL_ACTIVITY}))
+            # The ticket's patch bundle holds it: a ticket asks it on its own only without the bundle.
+            off = {AUDIT_LOCAL_ACTIVITY, "ticket-patches-bundled"}
+            config = dataclasses.replace(config, inactive_patches=frozenset(off))
         if unsandboxed:  # DAEDALUS_TEMPORAL_SANDBOX=false
             config = dataclasses.replace(config, sandboxed=False)
         async with control_worker(client, config, engine):

@@ -22,9 +22,10 @@ class PatchesAtStart:
         self._on: bool | None = None
         """Whether the run recorded `at_start`: None until `decide`."""
 
-    def decide(self) -> None:
-        """Ask `at_start`: call it first thing in `run`, before anything that awaits."""
-        self._on = workflow.patched(self.at_start)
+    def decide(self, on: bool = False) -> None:
+        """Ask `at_start`: call it first thing in `run`, before anything that awaits. `on`: a patch that implies
+        it (a bundle the run recorded) is on, so it is not asked."""
+        self._on = on or workflow.patched(self.at_start)
 
     def patched(self, patch: str) -> bool:
         """Whether `patch` is on: always for a run started after `at_start`; else `workflow.patched(patch)`."""

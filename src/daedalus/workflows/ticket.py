@@ -53,6 +53,7 @@ with workflow.unsafe.imports_passed_through():
         MEASURES_WHAT_WAS_ACCEPTED,
         PARENT_ANSWERS_FOR_CHILDREN,
         PATCHES_AT_START,
+        PATCHES_BUNDLED,
         WAITING_FOR_DELEGATES,
     )
     from daedalus.workflows.ticket_record import TicketRecord
@@ -67,6 +68,8 @@ if TYPE_CHECKING:
 class TicketWorkflow:
     @workflow.init
     def __init__(self, ticket: TicketInput) -> None:
+        # First: it answers the patches `run` asks in its first activation (ticket_patches.py).
+        self.bundled = workflow.patched(PATCHES_BUNDLED)
         self.input = ticket
         self.cancel_request: CancelRequest | None = None
         self.host_problem_options = False
@@ -155,14 +158,14 @@ class TicketWorkflow:
 
     @workflow.run
     async def run(self, ticket: TicketInput) -> TicketState:
-        self.patches.decide()
-        self.lessons.decide()
-        self.host_problem_options = workflow.patched(HOST_PROBLEM_OPTIONS)
-        self.children_covered = workflow.patched(CHILDREN_COVERED_BY_DISPATCH)
-        self.work.gate_startup = workflow.patched(GATE_STARTUP_TIME)
-        self.parent_answers = workflow.patched(PARENT_ANSWERS_FOR_CHILDREN)
-        self.measures_accepted = workflow.patched(MEASURES_WHAT_WAS_ACCEPTED)
-        self.trail.batch_writes()
+        self.patches.decide(on=self.bundled)
+        self.lessons.decide(bundled=self.bundled)
+        self.host_problem_options = self._patched(HOST_PROBLEM_OPTIONS)
+        self.children_covered = self._patched(CHILDREN_COVERED_BY_DISPATCH)
+        self.work.gate_startup = self._patched(GATE_STARTUP_TIME)
+        self.parent_answers = self._patched(PARENT_ANSWERS_FOR_CHILDREN)
+        self.measures_accepted = self._patched(MEASURES_WHAT_WAS_ACCEPTED)
+        self.trail.batch_writes(bundled=self.bundled)
         self.ui.identity(self.spec)
         if ticket.carry is None:
             await self.rec.filed()
@@ -178,6 +181,10 @@ class TicketWorkflow:
             return self.state()
         await self.rec.close(status, reason)
         return self.state()
+
+    def _patched(self, patch: str) -> bool:
+        """A patch of the run's first activation: on when the run recorded the bundle, else asked on its own."""
+        return self.bundled or workflow.patched(patch)
 
     async def _lifecycle(self) -> rules.Closed:
         spec = self.spec

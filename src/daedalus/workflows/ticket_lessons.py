@@ -73,11 +73,11 @@ class TicketLessons:
         self.read_locally = False
         self.teaching_only = False
 
-    def decide(self) -> None:
+    def decide(self, bundled: bool = False) -> None:
         """Ask `LESSONS_READ_LOCALLY` and `LESSONS_THAT_TEACH`: call it in `run`'s first activation, before
-        anything that awaits."""
-        self.read_locally = workflow.patched(LESSONS_READ_LOCALLY)
-        self.teaching_only = workflow.patched(LESSONS_THAT_TEACH)
+        anything that awaits. `bundled`: the run recorded the ticket's patch bundle, which holds both."""
+        self.read_locally = bundled or workflow.patched(LESSONS_READ_LOCALLY)
+        self.teaching_only = bundled or workflow.patched(LESSONS_THAT_TEACH)
 
     def _on(self) -> bool:
         return self.patches.patched(LESSONS_PATCH)

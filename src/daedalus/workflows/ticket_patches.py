@@ -24,3 +24,11 @@ MEASURES_WHAT_WAS_ACCEPTED = "measures-what-was-accepted"
 """Patch, asked in the run's first activation: a ticket without an agent builds (its `build:`) and measures its
 engine at the commit its sub-tickets' work was accepted at, else at its base (histories before it measured the base
 commit unbuilt, so ticket 6's own gates and a measurement sub-ticket like 6c measured the host's install)."""
+PATCHES_BUNDLED = "ticket-patches-bundled"
+"""Patch, asked first in the run's first activation (the ticket's `__init__`): every patch a new ticket used to ask
+in that activation is on without being asked, so a ticket records one patch marker, and one upsert of Temporal's
+`TemporalChangeVersion` search attribute (core makes one per marker, a write to the visibility store each), where it
+recorded ten: `ticket-patches-at-start`, `ticket-lessons-read-locally`, `lessons-that-teach`, `host-problem-options`,
+`children-covered-by-dispatch`, `gate-startup-time`, `parent-answers-for-children`, `measures-what-was-accepted`,
+`audit-batched-writes` and `audit-local-activity`. Runs started before it ask each one as they did (their
+histories replay as recorded). A patch added later is asked on its own, as before."""

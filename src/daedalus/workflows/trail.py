@@ -96,6 +96,8 @@ class AuditTrail(Generic[V]):
         self._written_view: V | None = None
         self._out_of_order: dict[int, tuple[str, V]] = {}
         self._batched = False
+        self._local = False
+        """Whether the run's patch bundle holds `AUDIT_LOCAL_ACTIVITY` (else it is asked at the first write)."""
         self._queue: list[_Queued[V]] = []
         self._writer: asyncio.Task[None] | None = None
         workflow.set_query_handler(AUDIT_HEAD_QUERY, self.head)
@@ -126,9 +128,11 @@ class AuditTrail(Generic[V]):
             raise BrokenInvariant("a workflow flushes its trail before it continues as new")
         return TrailState(seq=self.seq, status=self.written_status)
 
-    def batch_writes(self) -> None:
-        """Ask `AUDIT_BATCHES`: call it in `run`'s first activation, before anything that awaits."""
-        self._batched = workflow.patched(AUDIT_BATCHES)
+    def batch_writes(self, bundled: bool = False) -> None:
+        """Ask `AUDIT_BATCHES`: call it in `run`'s first activation, before anything that awaits. `bundled`: the
+        run recorded a patch bundle that holds both `AUDIT_BATCHES` and `AUDIT_LOCAL_ACTIVITY` (neither is asked)."""
+        self._batched = bundled or workflow.patched(AUDIT_BATCHES)
+        self._local = bundled
 
     @property
     def idle(self) -> bool:
@@ -207,7 +211,7 @@ class AuditTrail(Generic[V]):
             await self._write(batch)
 
     async def _write(self, batch: list[_Queued[V]]) -> None:
-        local = workflow.patched(AUDIT_LOCAL_ACTIVITY)
+        local = self._local or workflow.patched(AUDIT_LOCAL_ACTIVITY)
         if not self._batched:
             [one] = batch
             write = RECORD_AUDIT_EVENT.execute_local if local else RECORD_AUDIT_EVENT.execute
