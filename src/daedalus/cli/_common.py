@@ -10,10 +10,12 @@ import signal
 import sys
 import threading
 from collections.abc import Coroutine, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
+from pydantic import BaseModel, ValidationError
 from rich.console import Console
 
 from daedalus.errors import BadSettings, RegistryError, RequestRefused, SetupError
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from daedalus.store.seals import AuditKey
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 
 def lazy_module(name: str) -> Any:
@@ -225,3 +228,30 @@ def policy() -> Policy | None:
         return configured_policy(settings().policy_file, settings().hosts_file)
     except SetupError as error:
         fail(str(error))
+
+
+def validated(build: type[M], **values: Any) -> M:
+    """`build(**values)`; values it refuses end the command (exit 2) with each field and what is wrong with it."""
+    try:
+        return build(**values)
+    except ValidationError as error:
+        fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()))
+
+
+def parse_duration(text: str) -> timedelta | None:
+    """`30m`, `2h`, `3d` as a timedelta; None when the text is not such a duration."""
+    units = {"m": "minutes", "h": "hours", "d": "days"}
+    if text[:-1].isdigit() and text[-1:] in units:
+        return timedelta(**{units[text[-1]]: int(text[:-1])})
+    return None
+
+
+def parse_since(text: str) -> datetime:
+    duration = parse_duration(text)
+    if duration is not None:
+        return datetime.now(UTC) - duration
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        fail(f"--since {text!r} is neither an ISO time (2026-07-12T08:00) nor a duration (30m, 2h, 3d)")
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)

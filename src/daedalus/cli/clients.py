@@ -32,6 +32,8 @@ from daedalus.schemas.ticket import (
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
+AS_HELP = "who acts; against a shared stack (DAEDALUS_API_URL) only your token's person, and the default"
+
 
 @dataclass(frozen=True)
 class Filed:

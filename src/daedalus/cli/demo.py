@@ -25,7 +25,8 @@ from daedalus.agents.local_model import local_model
 from daedalus.api.models import AuditEventPublic
 from daedalus.cli import _common
 from daedalus.cli._common import console, fail, run
-from daedalus.cli.tickets import print_audit, print_state
+from daedalus.cli.audit import print_audit
+from daedalus.cli.tickets import print_state
 from daedalus.config import Settings
 from daedalus.decisions.policy import Policy, load_policy
 from daedalus.errors import (

@@ -1,34 +1,27 @@
-"""`daedalus ticket ...`, `daedalus decide`, `daedalus delegate` and `daedalus audit`."""
+"""`daedalus ticket create|list|show|amend|cancel|terminate|draft`."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from pydantic import BaseModel, ValidationError
 
 from daedalus.cli._common import (
-    client,
     console,
     fail,
     lazy_module,
     run,
     settings,
     store,
-    waiting_on_hosts,
+    validated,
 )
-from daedalus.cli.clients import stack_client
+from daedalus.cli.clients import AS_HELP, stack_client
 from daedalus.errors import RequestRefused
 from daedalus.escaping import for_terminal as shown
 from daedalus.schemas.ticket import (
     CancelRequest,
-    Decision,
-    DecisionKind,
-    Delegation,
     SpecAmendment,
     TerminateRequest,
     TicketState,
@@ -36,31 +29,11 @@ from daedalus.schemas.ticket import (
 
 if TYPE_CHECKING:
     from daedalus import services as tickets
-    from daedalus.api.models import AuditEventPublic
-    from daedalus.services.audit import Verification
-    from daedalus.store import queries
-    from daedalus.store.database import session_scope
-else:  # loaded on first use: `decide`, `ticket list` and `ticket show` start without what they do not touch
+else:  # loaded on first use: `ticket list` and `ticket show` start without the service layer
     tickets = lazy_module("daedalus.services")
-    queries = lazy_module("daedalus.store.queries")
 
-    def session_scope(engine: Any) -> Any:
-        from daedalus.store.database import session_scope as scope
-
-        return scope(engine)
-
-
-M = TypeVar("M", bound=BaseModel)
-AS_HELP = "who acts; against a shared stack (DAEDALUS_API_URL) only your token's person, and the default"
 
 app = typer.Typer(help="File, list, inspect, amend and cancel tickets.", no_args_is_help=True)
-
-
-def _model(build: type[M], **values: Any) -> M:
-    try:
-        return build(**values)
-    except ValidationError as error:
-        fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()))
 
 
 @app.command()
@@ -214,7 +187,7 @@ def amend(
     """Change a live ticket's brief, constraints or attempt budget (applies from the next attempt)."""
     stack = stack_client()
     who = stack.acting_as(who)
-    amendment = _model(
+    amendment = validated(
         SpecAmendment,
         amended_by=who,
         spec=spec_text,
@@ -234,7 +207,7 @@ def cancel(
     """Cancel a live ticket; its running step and that step's processes on the host are stopped."""
     stack = stack_client()
     who = stack.acting_as(who)
-    state = stack.cancel(ticket_id, _model(CancelRequest, requested_by=who, reason=reason))
+    state = stack.cancel(ticket_id, validated(CancelRequest, requested_by=who, reason=reason))
     console.print(shown(f"ticket {ticket_id}: cancel requested by {who} (status now {state.status.value})"))
 
 
@@ -249,168 +222,9 @@ def terminate(
     """Last resort for a wedged ticket that cannot be cancelled: terminate its workflow and close its trail."""
     stack = stack_client()
     who = stack.acting_as(who)
-    events = stack.terminate(ticket_id, _model(TerminateRequest, requested_by=who, reason=reason))
+    events = stack.terminate(ticket_id, validated(TerminateRequest, requested_by=who, reason=reason))
     closed = [f"{event.ticket_id} (#{event.seq})" for event in events]
     console.print(shown(f"ticket {ticket_id} terminated by {who}; closing audit events: {', '.join(closed)}"))
-
-
-def decide(
-    request_id: Annotated[str, typer.Argument(help="e.g. 4-dispatch-1 (see `daedalus ticket show`)")],
-    option: Annotated[str, typer.Argument(help="one of the request's options")],
-    who: Annotated[str | None, typer.Option("--as", help=AS_HELP)] = None,
-    note: Annotated[str, typer.Option(help="reason, kept in the audit trail")] = "",
-    lesson: Annotated[
-        bool,
-        typer.Option(
-            "--lesson",
-            help="the note is a lesson: later agents on this engine or host get it in their prompt",
-        ),
-    ] = False,
-) -> None:
-    """Answer a pending decision. Refused (and nothing written) for an unknown request, option or decider."""
-    stack = stack_client()
-    who = stack.acting_as(who)
-    if lesson and not note.strip():
-        fail(
-            '--lesson marks the note as a lesson, and there is no note: add --note "what later agents should know"'
-        )
-    decision = _model(
-        Decision,
-        request_id=request_id,
-        option=option,
-        decided_by=who,
-        note=note,
-        channel="cli",
-        lesson=lesson,
-    )
-    stack.decide(decision)
-    kept = "; the note is recorded as a lesson" if lesson else ""
-    console.print(shown(f"{who} chose {option!r} for {request_id}{kept}"))
-
-
-def delegate(
-    ticket_id: str,
-    to: Annotated[str, typer.Option(help="who may decide on your behalf")],
-    who: Annotated[str | None, typer.Option("--as", help=AS_HELP)] = None,
-    kind: Annotated[
-        DecisionKind,
-        typer.Option(
-            help="which decisions: escalation (retry, accept, fail...); dispatch only without a policy, where "
-            "the policy's standing delegations decide who approves a dispatch"
-        ),
-    ] = DecisionKind.ESCALATION,
-) -> None:
-    """Let someone decide one kind of decision for a ticket ("the lead may answer its escalations for me").
-    Refused before anything is written when the server's policy would not honour it."""
-    stack = stack_client()
-    who = stack.acting_as(who)
-    people = stack.delegate(ticket_id, _model(Delegation, granted_by=who, delegate=to, kind=kind))
-    console.print(
-        shown(f"ticket {ticket_id}: {kind.value} decisions may now also be made by {', '.join(people)}")
-    )
-
-
-audit_app = typer.Typer(
-    help="The audit trail from the store (`daedalus audit verify` checks it was not tampered with).",
-    invoke_without_command=True,
-)
-
-
-@audit_app.callback()
-def audit(
-    context: typer.Context,
-    ticket: Annotated[str | None, typer.Option(help="only this ticket (or training-<name>)")] = None,
-    actor: Annotated[str | None, typer.Option(help="only events by this person or agent")] = None,
-    since: Annotated[str | None, typer.Option(help="ISO time, or a duration like 2h / 3d")] = None,
-    limit: int = 1000,
-) -> None:
-    """The audit trail from the store: one line per transition, oldest first."""
-    if context.invoked_subcommand is not None:
-        return
-    since_at = parse_since(since) if since else None
-    print_audit(stack_client().audit(ticket, actor, since_at, limit))
-
-
-def print_audit(events: Sequence[AuditEventPublic]) -> None:
-    from rich.table import Table
-
-    table = Table("at", "ticket", "#", "kind", "actor", "status", "summary")
-    for event in events:
-        table.add_row(
-            f"{event.at:%H:%M:%S}",
-            shown(event.ticket_id),
-            str(event.seq),
-            shown(event.kind),
-            shown(event.actor),
-            shown(event.status),
-            shown(event.summary),
-        )
-    console.print(table)
-
-
-def parse_duration(text: str) -> timedelta | None:
-    """`30m`, `2h`, `3d` as a timedelta; None when the text is not such a duration."""
-    units = {"m": "minutes", "h": "hours", "d": "days"}
-    if text[:-1].isdigit() and text[-1:] in units:
-        return timedelta(**{units[text[-1]]: int(text[:-1])})
-    return None
-
-
-def parse_since(text: str) -> datetime:
-    duration = parse_duration(text)
-    if duration is not None:
-        return datetime.now(UTC) - duration
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        fail(f"--since {text!r} is neither an ISO time (2026-07-12T08:00) nor a duration (30m, 2h, 3d)")
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def report(
-    since: Annotated[str, typer.Option(help="ISO time, or a duration like 24h / 3d")] = "24h",
-    out: Annotated[Path | None, typer.Option("-o", "--out", help="write the markdown here")] = None,
-    html: Annotated[
-        Path | None, typer.Option("--html", help="also write a self-contained HTML page (charts inline) here")
-    ] = None,
-    narrate: Annotated[
-        bool, typer.Option(help="open with the lead agent's narrative (needs an API key)")
-    ] = False,
-    lang: Annotated[
-        str, typer.Option("--lang", help="the report's language: en or zh-TW (Traditional Chinese)")
-    ] = "en",
-) -> None:
-    """The progress report, rolled up from the store: cards, tickets and gates, campaigns, training, decisions.
-    Printed as Markdown unless -o writes it to a file; --html writes the HTML page besides."""
-    from rich.markdown import Markdown
-
-    from daedalus.report import build_report, render_html, render_markdown
-    from daedalus.report.i18n import UnknownLanguage, check_language
-
-    try:
-        check_language(lang)
-    except UnknownLanguage as error:
-        fail(f"--lang: {error}")
-    for target in (out, html):
-        if target is not None and not target.parent.is_dir():
-            fail(f"cannot write {target}: directory {target.parent} does not exist")
-    with session_scope(store()) as session:
-        waiting = waiting_on_hosts(queries.list_tickets(session=session, limit=1000))
-        built = build_report(session=session, since=parse_since(since), waiting_on_hosts=waiting, lang=lang)
-    if narrate:
-        from daedalus.agents.lead import LeadAgent
-
-        narrative = run(LeadAgent(settings().agent).narrative(built.facts()))
-        built.narrative, built.narrative_note = narrative.lines, narrative.note
-    text = render_markdown(built)
-    if html is not None:
-        html.write_text(render_html(built))
-        console.print(f"HTML report written to {html}")
-    if out is not None:
-        out.write_text(text)
-        console.print(f"report written to {out}")
-    else:
-        console.print(Markdown(text))
 
 
 def draft(
@@ -446,44 +260,6 @@ def draft(
         console.print(
             f"draft by {drafted.lead} written to {out}; review it, then: daedalus ticket create -f {out}"
         )
-
-
-@audit_app.command("verify")
-def verify_audit(
-    ticket: Annotated[list[str] | None, typer.Option(help="only these tickets' trails (repeatable)")] = None,
-) -> None:
-    """Recompute every trail's hash chain and seals, and hold each trail to its workflow's own count of it in
-    Temporal; name the first event changed, deleted, reordered, forged or cut off (exit 1)."""
-    from daedalus.services.audit import verify
-
-    key = settings().audit_key(create=False)
-
-    async def go() -> Verification:
-        try:
-            temporal = await client()
-        except RequestRefused as error:
-            found = await verify(store(), key, None, ticket)
-            found.unanchored = [f"Temporal is unreachable ({error})"]
-            return found
-        return await verify(store(), key, temporal, ticket, control_queue=settings().temporal.control_queue)
-
-    result = run(go())
-    if key is None:
-        console.print(
-            "[yellow]no audit key here (DAEDALUS_AUDIT_KEY / DAEDALUS_AUDIT_KEY_FILE): seals not checked[/yellow]"
-        )
-    for why in result.unanchored[:5]:
-        console.print(f"[yellow]not held against Temporal: {shown(why)}[/yellow]")
-    if not result.breaks:
-        console.print(
-            f"audit trail verified: {result.events} events, every chain and seal intact; "
-            f"{result.anchored} trail(s) held against their workflows in Temporal"
-        )
-        return
-    for found in result.breaks:
-        console.print(f"[red]{found.kind.value}[/red] {shown(found.ticket_id)}: {shown(found.message)}")
-    console.print(f"{len(result.breaks)} trail(s) of {result.events} events do not verify")
-    raise typer.Exit(1)
 
 
 app.command()(draft)

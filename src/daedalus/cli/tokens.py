@@ -12,8 +12,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from daedalus.cli._common import console, fail, policy, store
-from daedalus.cli.tickets import parse_duration
+from daedalus.cli._common import console, fail, parse_duration, policy, store
 from daedalus.errors import TokenError
 from daedalus.escaping import for_terminal as shown
 from daedalus.store import tokens
