@@ -166,3 +166,39 @@ def test_train_start_status_stop_through_the_api_as_the_tokens_person(
     finally:
         for trainer in trainers(spec):
             trainer.kill()
+
+
+def test_questions_through_the_api_as_the_tokens_person(
+    cli_env: dict[str, str], workers: str, api_url: str, tmp_path: Path, task_queue: str
+) -> None:
+    as_lead = remote(cli_env, tmp_path, api_url, create_token(cli_env, "lead"))
+    examples = Path(__file__).resolve().parents[2] / "examples" / "questions"
+    data = yaml.safe_load((examples / "forbid-fp8.yaml").read_text())
+    question_id = f"{data['id']}-{task_queue[-8:]}"
+    asked = tmp_path / "q.yaml"
+    asked.write_text(yaml.safe_dump({**data, "id": question_id, "deciders": ["wayne"]}))
+    posing = daedalus(as_lead, "question", "ask", "-f", str(asked), "--as", "wayne")
+    assert posing.returncode == 2 and "belongs to lead" in posing.stderr
+    done = daedalus(as_lead, "question", "ask", "-f", str(asked))
+    assert done.returncode == 0, done.stderr
+    assert f"asked question {question_id} of wayne" in " ".join(done.stdout.split())
+
+    deadline = time.monotonic() + 60
+    while (
+        f"{question_id}-question-1"
+        not in (listed := daedalus(as_lead, "question", "list", "--pending")).stdout
+    ):
+        assert time.monotonic() < deadline, listed.stdout + listed.stderr
+        time.sleep(0.5)
+    assert "[open: rule|decline]" in listed.stdout
+    shown = daedalus(as_lead, "question", "show", question_id)
+    assert "status: open" in shown.stdout and "options: rule, decline" in shown.stdout, shown.stderr
+
+    withdrawn = daedalus(as_lead, "question", "withdraw", question_id, "--reason", "asked in error")
+    assert withdrawn.returncode == 0, withdrawn.stderr
+    assert f"question {question_id} withdrawn by lead" in withdrawn.stdout
+    while "status: open" in (shown := daedalus(as_lead, "question", "show", question_id)).stdout:
+        assert time.monotonic() < deadline, shown.stdout + shown.stderr
+        time.sleep(0.5)
+    assert "no questions waiting" in daedalus(as_lead, "question", "list", "--pending").stdout
+    assert "no standing rulings" in daedalus(as_lead, "rulings").stdout

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
+from daedalus.schemas._base import Model
 from daedalus.schemas.gates import LeaseRecord
 from daedalus.schemas.ticket import TicketState
 
@@ -109,3 +110,28 @@ class Delegated(Public):
 
 class Identity(Public):
     person: str
+
+
+class QuestionAsked(Model):
+    """POST /questions's answer (the same fields as api/questions.py's, which should import this one)."""
+
+    question_id: str
+    workflow_id: str
+    asked_by: str
+    deciders: list[str]
+
+
+class QuestionPublic(Model):
+    """A question's request as the store holds it (GET /questions; the same fields as api/questions.py's, which
+    should import this one)."""
+
+    request_id: str
+    question: str
+    options: list[str]
+    deciders: list[str]
+    requested_at: datetime
+    option: str | None = None
+    decided_by: str | None = None
+    decided_at: datetime | None = None
+    note: str = ""
+    open: bool = Field(description="still waiting for an answer")

@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from daedalus.api.models import AuditEventPublic, Delegated, TicketDetail, TicketFiled, TicketSummary
+from daedalus.api.models import (
+    AuditEventPublic,
+    Delegated,
+    QuestionAsked,
+    QuestionPublic,
+    TicketDetail,
+    TicketFiled,
+    TicketSummary,
+)
 from daedalus.cli._common import audit_key, client, policy, run, settings, store, waiting_on_hosts
 from daedalus.cli.remote import Remote, local_person, shared_stack
 from daedalus.schemas.audit import AuditEvent
@@ -31,6 +39,9 @@ from daedalus.schemas.ticket import (
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
+
+    from daedalus.decisions.questions import QuestionSpec, QuestionStatus, WithdrawQuestion
+    from daedalus.decisions.rulings import Ruling
 
 AS_HELP = "who acts; against a shared stack (DAEDALUS_API_URL) only your token's person, and the default"
 
@@ -92,6 +103,20 @@ class StackClient(Protocol):
         self, ticket: str | None, actor: str | None, since: datetime | None, limit: int
     ) -> list[AuditEventPublic]:
         """Audit events oldest first."""
+        ...
+
+    def ask_question(self, spec: QuestionSpec, asked_by: str) -> QuestionAsked: ...
+
+    def list_questions(self, pending: bool) -> list[QuestionPublic]:
+        """Questions from the store, oldest first."""
+        ...
+
+    def question(self, question_id: str) -> QuestionStatus: ...
+
+    def withdraw_question(self, question_id: str, request: WithdrawQuestion) -> QuestionStatus: ...
+
+    def rulings(self) -> list[Ruling]:
+        """The standing rulings, oldest first."""
         ...
 
 
@@ -236,6 +261,70 @@ class LocalStack:
             )
             return [AuditEventPublic.model_validate(row) for row in rows]
 
+    def ask_question(self, spec: QuestionSpec, asked_by: str) -> QuestionAsked:
+        from daedalus.services import questions
+
+        temporal = settings().temporal
+
+        async def go() -> str:
+            handle = await questions.ask(
+                await client(),
+                spec,
+                queue=temporal.control_queue,
+                asked_by=asked_by,
+                policy=policy(),
+                store=store(),
+            )
+            return handle.id
+
+        workflow_id = run(go())
+        deciders = questions.resolve_deciders(spec, asked_by, policy())
+        return QuestionAsked(
+            question_id=spec.id, workflow_id=workflow_id, asked_by=asked_by, deciders=deciders
+        )
+
+    def list_questions(self, pending: bool) -> list[QuestionPublic]:
+        from daedalus.services import questions
+        from daedalus.store.database import session_scope
+
+        with session_scope(store()) as session:
+            return [
+                QuestionPublic(
+                    request_id=row.request_id,
+                    question=row.question,
+                    options=row.options,
+                    deciders=row.deciders,
+                    requested_at=row.requested_at,
+                    option=row.option,
+                    decided_by=row.decided_by,
+                    decided_at=row.decided_at,
+                    note=row.note,
+                    open=row.decided_at is None,
+                )
+                for row in questions.question_rows(session, pending=pending)
+            ]
+
+    def question(self, question_id: str) -> QuestionStatus:
+        from daedalus.services import questions
+
+        async def go() -> QuestionStatus:
+            return await questions.status(await client(), question_id)
+
+        return run(go())
+
+    def withdraw_question(self, question_id: str, request: WithdrawQuestion) -> QuestionStatus:
+        from daedalus.services import questions
+
+        async def go() -> QuestionStatus:
+            return await questions.withdraw(await client(), question_id, request)
+
+        return run(go())
+
+    def rulings(self) -> list[Ruling]:
+        from daedalus.services import questions
+
+        return questions.read_rulings(store())
+
 
 class SharedStack:
     """A shared stack's HTTP API, as the token's person; every answer parsed with the API's response model."""
@@ -304,3 +393,25 @@ class SharedStack:
             AuditEventPublic.model_validate(event)
             for event in self.remote.call("GET", "/audit", params=query)
         ]
+
+    def ask_question(self, spec: QuestionSpec, asked_by: str) -> QuestionAsked:
+        return QuestionAsked.model_validate(self._post("/questions", spec))
+
+    def list_questions(self, pending: bool) -> list[QuestionPublic]:
+        found = self.remote.call("GET", "/questions", params={"pending": pending})
+        return [QuestionPublic.model_validate(row) for row in found]
+
+    def question(self, question_id: str) -> QuestionStatus:
+        from daedalus.decisions.questions import QuestionStatus
+
+        return QuestionStatus.model_validate(self.remote.call("GET", f"/questions/{question_id}"))
+
+    def withdraw_question(self, question_id: str, request: WithdrawQuestion) -> QuestionStatus:
+        from daedalus.decisions.questions import QuestionStatus
+
+        return QuestionStatus.model_validate(self._post(f"/questions/{question_id}/withdraw", request))
+
+    def rulings(self) -> list[Ruling]:
+        from daedalus.decisions.rulings import Ruling
+
+        return [Ruling.model_validate(ruling) for ruling in self.remote.call("GET", "/rulings")]

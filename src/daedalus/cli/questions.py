@@ -4,16 +4,13 @@ and read questions, withdraw one, and list the standing rulings. Answer a questi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
 
-from daedalus.cli._common import client, console, fail, run, settings, store
-from daedalus.cli.remote import local_person, shared_stack
+from daedalus.cli._common import console, fail
+from daedalus.cli.clients import stack_client
 from daedalus.escaping import for_terminal
-
-if TYPE_CHECKING:
-    from daedalus.decisions.questions import QuestionStatus
 
 app = typer.Typer(
     add_completion=False,
@@ -28,32 +25,12 @@ def ask(
     who: Annotated[str | None, typer.Option("--as", help=AS_HELP)] = None,
 ) -> None:
     """Ask the deciders; refused (nothing started) for a past deadline, unknown deciders or an id asked before."""
-    from daedalus.cli._common import policy
     from daedalus.services import questions
 
     spec = questions.load_question(file)
-    remote = shared_stack()
-    if remote is not None:
-        who = remote.acting_as(who)
-        asked: dict[str, Any] = remote.call("POST", "/questions", json=spec.model_dump(mode="json"))
-        deciders = asked["deciders"]
-    else:
-        who = local_person(who)
-        temporal = settings().temporal
-
-        async def go() -> str:
-            handle = await questions.ask(
-                await client(),
-                spec,
-                queue=temporal.control_queue,
-                asked_by=who,
-                policy=policy(),
-                store=store(),
-            )
-            return handle.id
-
-        run(go())
-        deciders = questions.resolve_deciders(spec, who, policy())
+    stack = stack_client()
+    who = stack.acting_as(who)
+    deciders = stack.ask_question(spec, who).deciders
     console.print(
         for_terminal(
             f"asked question {spec.id} of {', '.join(deciders)} (deadline {spec.deadline:%Y-%m-%d %H:%M} UTC); "
@@ -68,53 +45,23 @@ def list_(
     pending: Annotated[bool, typer.Option("--pending", help="only questions still waiting")] = False,
 ) -> None:
     """Questions from the store, oldest first: open ones with their request id, answered ones with the answer."""
-    remote = shared_stack()
-    if remote is not None:
-        rows: list[dict[str, Any]] = remote.call("GET", "/questions", params={"pending": pending})
-    else:
-        from daedalus.services import questions
-        from daedalus.store.database import session_scope
-
-        with session_scope(store()) as session:
-            rows = [
-                {
-                    "request_id": row.request_id,
-                    "question": row.question,
-                    "options": row.options,
-                    "option": row.option,
-                    "decided_by": row.decided_by,
-                    "open": row.decided_at is None,
-                    "note": row.note,
-                }
-                for row in questions.question_rows(session, pending=pending)
-            ]
+    rows = stack_client().list_questions(pending)
     if not rows:
         console.print("no questions" + (" waiting" if pending else ""))
     for row in rows:
-        if row["open"]:
-            state = f"open: {'|'.join(row['options'])}"
-        elif row["decided_by"]:
-            state = f"done: {row['decided_by']} chose {row['option']}"
+        if row.open:
+            state = f"open: {'|'.join(row.options)}"
+        elif row.decided_by:
+            state = f"done: {row.decided_by} chose {row.option}"
         else:
-            state = row["note"] or "closed"
-        console.print(for_terminal(f"{row['request_id']}  {row['question']}  [{state}]"), highlight=False)
+            state = row.note or "closed"
+        console.print(for_terminal(f"{row.request_id}  {row.question}  [{state}]"), highlight=False)
 
 
 @app.command()
 def show(question_id: str) -> None:
     """One question's state: its pending request (id, options, evidence), or its outcome and any ruling."""
-    remote = shared_stack()
-    if remote is not None:
-        from daedalus.decisions.questions import QuestionStatus
-
-        state = QuestionStatus.model_validate(remote.call("GET", f"/questions/{question_id}"))
-    else:
-        from daedalus.services import questions
-
-        async def go() -> QuestionStatus:
-            return await questions.status(await client(), question_id)
-
-        state = run(go())
+    state = stack_client().question(question_id)
     lines = [f"question {state.question_id}: {state.question}", f"status: {state.status.value}"]
     lines.append(f"asked by {state.asked_by}; deadline {state.deadline:%Y-%m-%d %H:%M} UTC")
     request = state.pending_decision
@@ -143,35 +90,21 @@ def withdraw(
     """Withdraw an open question (its asker or a decider)."""
     from daedalus.decisions.questions import WithdrawQuestion
 
-    remote = shared_stack()
-    who = remote.acting_as(who) if remote is not None else local_person(who)
+    stack = stack_client()
+    who = stack.acting_as(who)
     try:
         request = WithdrawQuestion(requested_by=who, reason=reason)
     except ValueError as error:
         fail(f"cannot withdraw question {question_id}: {error}")
-    if remote is not None:
-        remote.call("POST", f"/questions/{question_id}/withdraw", json=request.model_dump(mode="json"))
-    else:
-        from daedalus.services import questions
-
-        async def go() -> QuestionStatus:
-            return await questions.withdraw(await client(), question_id, request)
-
-        run(go())
+    stack.withdraw_question(question_id, request)
     console.print(for_terminal(f"question {question_id} withdrawn by {who}"), highlight=False)
 
 
 def rulings() -> None:
     """The standing rulings, oldest first: what each forbids or requires, who ruled and when."""
-    from daedalus.decisions.rulings import Ruling, describe
+    from daedalus.decisions.rulings import describe
 
-    remote = shared_stack()
-    if remote is not None:
-        found = [Ruling.model_validate(r) for r in remote.call("GET", "/rulings")]
-    else:
-        from daedalus.services import questions
-
-        found = questions.read_rulings(store())
+    found = stack_client().rulings()
     if not found:
         console.print("no standing rulings")
     for ruling in found:
