@@ -135,3 +135,13 @@ class QuestionPublic(Model):
     decided_at: datetime | None = None
     note: str = ""
     open: bool = Field(description="still waiting for an answer")
+
+
+class RunStarted(Model):
+    """POST /training's answer (the same fields as api/training.py's, which should import this one)."""
+
+    name: str
+    workflow_id: str
+    run_id: str | None
+    host: str
+    started_by: str

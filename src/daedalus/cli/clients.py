@@ -20,11 +20,12 @@ from daedalus.api.models import (
     Delegated,
     QuestionAsked,
     QuestionPublic,
+    RunStarted,
     TicketDetail,
     TicketFiled,
     TicketSummary,
 )
-from daedalus.cli._common import audit_key, client, policy, run, settings, store, waiting_on_hosts
+from daedalus.cli._common import audit_key, client, fail, policy, run, settings, store, waiting_on_hosts
 from daedalus.cli.remote import Remote, local_person, shared_stack
 from daedalus.schemas.audit import AuditEvent
 from daedalus.schemas.ticket import (
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 
     from daedalus.decisions.questions import QuestionSpec, QuestionStatus, WithdrawQuestion
     from daedalus.decisions.rulings import Ruling
+    from daedalus.schemas.training import StopTraining, TrainingRunSpec, TrainingRunStatus
 
 AS_HELP = "who acts; against a shared stack (DAEDALUS_API_URL) only your token's person, and the default"
 
@@ -73,8 +75,12 @@ class StackClient(Protocol):
         """Who acts: the local user's word (which must be said), or the shared stack's token's person."""
         ...
 
-    def filer(self, claimed: str | None) -> str:
-        """Who files a ticket (a local stack without a policy records an unnamed filer as `cli`)."""
+    shared: bool
+    """Whether this is a shared stack's API, whose answers name the token's person."""
+
+    def filer(self, claimed: str | None, flag: str = "--as") -> str:
+        """Who files a ticket or starts or stops a run (a local stack without a policy records an unnamed one
+        as `cli`)."""
         ...
 
     def file_ticket(self, spec: TicketSpec, filed_by: str) -> Filed: ...
@@ -119,6 +125,16 @@ class StackClient(Protocol):
         """The standing rulings, oldest first."""
         ...
 
+    def start_run(self, spec: TrainingRunSpec, started_by: str) -> RunStarted: ...
+
+    def run_status(self, name: str) -> TrainingRunStatus: ...
+
+    def stop_run(self, name: str, request: StopTraining) -> TrainingRunStatus: ...
+
+    def decide_run(self, name: str, decision: Decision) -> TrainingRunStatus:
+        """Answer the run's pending decision; the run's status as the answer left it."""
+        ...
+
 
 def stack_client() -> StackClient:
     """The shared stack's API when DAEDALUS_API_URL is set, else the local, embedded stack."""
@@ -132,10 +148,12 @@ class LocalStack:
     def acting_as(self, claimed: str | None, flag: str = "--as") -> str:
         return local_person(claimed, flag)
 
-    def filer(self, claimed: str | None) -> str:
+    shared = False
+
+    def filer(self, claimed: str | None, flag: str = "--as") -> str:
         # Without a policy the local stack records an unnamed filer as `cli`; under one, who files decides who
         # may approve, so it must be said.
-        return local_person(claimed) if policy() is not None else claimed or "cli"
+        return local_person(claimed, flag) if policy() is not None else claimed or "cli"
 
     def file_ticket(self, spec: TicketSpec, filed_by: str) -> Filed:
         from daedalus import services
@@ -325,6 +343,62 @@ class LocalStack:
 
         return questions.read_rulings(store())
 
+    def start_run(self, spec: TrainingRunSpec, started_by: str) -> RunStarted:
+        from daedalus import services
+        from daedalus.cli._common import registry
+
+        async def go() -> RunStarted:
+            handle = await services.start_run(
+                await client(),
+                spec,
+                queue=settings().temporal.control_queue,
+                hosts=registry(),
+                started_by=started_by,
+                policy=policy(),
+            )
+            return RunStarted(
+                name=spec.name,
+                workflow_id=handle.id,
+                run_id=handle.first_execution_run_id,
+                host=spec.host,
+                started_by=started_by,
+            )
+
+        return run(go())
+
+    def run_status(self, name: str) -> TrainingRunStatus:
+        from daedalus import services
+
+        async def go() -> TrainingRunStatus:
+            return await services.run_status(await client(), name)
+
+        return run(go())
+
+    def stop_run(self, name: str, request: StopTraining) -> TrainingRunStatus:
+        from daedalus import services
+
+        async def go() -> TrainingRunStatus:
+            return await services.stop_run(await client(), name, request, policy=policy())
+
+        return run(go())
+
+    def decide_run(self, name: str, decision: Decision) -> TrainingRunStatus:
+        from daedalus import services
+        from daedalus.decisions.schemas import TrainingRunSubject
+        from daedalus.schemas.training import TrainingRunStatus
+
+        async def go() -> TrainingRunStatus:
+            decided = await services.decide(
+                await client(), decision, subject=TrainingRunSubject(run=name), policy=policy()
+            )
+            if not isinstance(decided, TrainingRunStatus):
+                fail(
+                    f"training run {name}: its decide update answered with {type(decided).__name__}, not its status"
+                )
+            return decided
+
+        return run(go())
+
 
 class SharedStack:
     """A shared stack's HTTP API, as the token's person; every answer parsed with the API's response model."""
@@ -335,7 +409,9 @@ class SharedStack:
     def acting_as(self, claimed: str | None, flag: str = "--as") -> str:
         return self.remote.acting_as(claimed)
 
-    def filer(self, claimed: str | None) -> str:
+    shared = True
+
+    def filer(self, claimed: str | None, flag: str = "--as") -> str:
         return self.remote.acting_as(claimed)
 
     def _post(self, path: str, body: BaseModel) -> Any:
@@ -415,3 +491,21 @@ class SharedStack:
         from daedalus.decisions.rulings import Ruling
 
         return [Ruling.model_validate(ruling) for ruling in self.remote.call("GET", "/rulings")]
+
+    def start_run(self, spec: TrainingRunSpec, started_by: str) -> RunStarted:
+        return RunStarted.model_validate(self._post("/training", spec))
+
+    def run_status(self, name: str) -> TrainingRunStatus:
+        from daedalus.schemas.training import TrainingRunStatus
+
+        return TrainingRunStatus.model_validate(self.remote.call("GET", f"/training/{name}"))
+
+    def stop_run(self, name: str, request: StopTraining) -> TrainingRunStatus:
+        from daedalus.schemas.training import TrainingRunStatus
+
+        return TrainingRunStatus.model_validate(self._post(f"/training/{name}/stop", request))
+
+    def decide_run(self, name: str, decision: Decision) -> TrainingRunStatus:
+        from daedalus.schemas.training import TrainingRunStatus
+
+        return TrainingRunStatus.model_validate(self._post("/decisions", decision))

@@ -1,7 +1,7 @@
 """`daedalus train ...`: start, watch, stop and list the deaths of training runs.
 
 With DAEDALUS_API_URL set, every command goes through the shared stack's API as the token's person
-(cli/remote.py). Errors are a message on stderr and exit code 2, as in every other `daedalus` command.
+(cli/clients.py). Errors are a message on stderr and exit code 2, as in every other `daedalus` command.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from daedalus import services
-from daedalus.cli._common import client, console, fail, policy, registry, run, settings
-from daedalus.cli.remote import local_person, shared_stack
-from daedalus.decisions.schemas import Decision, TrainingRunSubject
+from daedalus.cli._common import console, fail
+from daedalus.cli.clients import stack_client
+from daedalus.decisions.schemas import Decision
 from daedalus.escaping import for_terminal as shown
 from daedalus.schemas.training import StopTraining, TrainingRunSpec, TrainingRunStatus
 
@@ -33,31 +33,12 @@ def start(
 ) -> None:
     """Start a training run (workflow id training-<name>); refuses a second live run of the same name. Under a
     policy, a run on a host you do not operate waits for someone else's dispatch decision."""
-    remote = shared_stack()
-    if remote is not None:
-        remote.acting_as(started_by)
-        body = _read_spec(file).model_dump(mode="json")
-        started = remote.call("POST", "/training", json=body)
-        console.print(
-            shown(f"started {started['workflow_id']} on host {started['host']} as {started['started_by']}")
-        )
-        return
-    starter = local_person(started_by) if policy() is not None else started_by or "cli"
-
-    async def go() -> tuple[str, str]:
-        spec = services.load_run_spec(file, base=Path.cwd())
-        handle = await services.start_run(
-            await client(),
-            spec,
-            queue=settings().temporal.control_queue,
-            hosts=registry(),
-            started_by=starter,
-            policy=policy(),
-        )
-        return handle.id, spec.host
-
-    workflow_id, host = run(go())
-    console.print(shown(f"started {workflow_id} on host {host}"))
+    stack = stack_client()
+    starter = stack.filer(started_by)
+    started = stack.start_run(_read_spec(file), starter)
+    # A shared stack says whom it took the token for.
+    by = f" as {started.started_by}" if stack.shared else ""
+    console.print(shown(f"started {started.workflow_id} on host {started.host}{by}"))
 
 
 def _read_spec(file: Path) -> TrainingRunSpec:
@@ -134,19 +115,8 @@ def stop(
 ) -> None:
     """Stop a run gracefully: checkpoint signal, then SIGTERM, then SIGKILL of its process group. Under a
     policy, only its starter, a decider or an operator of its host may."""
-    remote = shared_stack()
-    if remote is not None:
-        request = StopTraining(requested_by=remote.acting_as(by), reason=reason)
-        stopped = remote.call("POST", f"/training/{name}/stop", json=request.model_dump(mode="json"))
-        result = TrainingRunStatus.model_validate(stopped)
-    else:
-        stopper = local_person(by, "--by") if policy() is not None else by or "cli"
-        request = StopTraining(requested_by=stopper, reason=reason)
-
-        async def go() -> TrainingRunStatus:
-            return await services.stop_run(await client(), name, request, policy=policy())
-
-        result = run(go())
+    stack = stack_client()
+    result = stack.stop_run(name, StopTraining(requested_by=stack.filer(by, "--by"), reason=reason))
     console.print(shown(f"stopping {name} (incarnation {result.incarnation})"))
 
 
@@ -166,8 +136,8 @@ def decide(
 ) -> None:
     """Answer a run's pending decision: its dispatch (approve | reject), its escalation after its third death
     (restart from the checkpoint | stop), or a checkpoint's deployment to its serving preset (deploy | skip)."""
-    remote = shared_stack()
-    who = remote.acting_as(who) if remote is not None else local_person(who)
+    stack = stack_client()
+    who = stack.acting_as(who)
 
     def answering(status: TrainingRunStatus) -> Decision:
         request = status.pending_decision
@@ -178,37 +148,12 @@ def decide(
         except ValidationError as exc:
             fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
 
-    if remote is not None:
-        decision = answering(_status(name))
-        decided = remote.call("POST", "/decisions", json=decision.model_dump(mode="json"))
-        state = TrainingRunStatus.model_validate(decided).state
-        console.print(shown(f"{who} chose {option!r} for training run {name}; it is {state.value}"))
-        return
-
-    async def answer() -> TrainingRunStatus:
-        temporal = await client()
-        decision = answering(await services.run_status(temporal, name))
-        decided = await services.decide(
-            temporal, decision, subject=TrainingRunSubject(run=name), policy=policy()
-        )
-        assert isinstance(decided, TrainingRunStatus), (
-            "a training run's decide update answers with its status"
-        )
-        return decided
-
-    result = run(answer())
+    result = stack.decide_run(name, answering(stack.run_status(name)))
     console.print(shown(f"{who} chose {option!r} for training run {name}; it is {result.state.value}"))
 
 
 def _status(name: str) -> TrainingRunStatus:
-    remote = shared_stack()
-    if remote is not None:
-        return TrainingRunStatus.model_validate(remote.call("GET", f"/training/{name}"))
-
-    async def go() -> TrainingRunStatus:
-        return await services.run_status(await client(), name)
-
-    return run(go())
+    return stack_client().run_status(name)
 
 
 def render_history(status: TrainingRunStatus) -> Table:
