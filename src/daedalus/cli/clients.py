@@ -69,14 +69,14 @@ class TicketView:
 
 
 class StackClient(Protocol):
-    """Everything the ticket, decision and audit commands ask of a stack."""
+    """Everything the ticket, decision, audit, question and training commands ask of a stack."""
+
+    shared: bool
+    """Whether this is a shared stack's API, whose answers name the token's person."""
 
     def acting_as(self, claimed: str | None, flag: str = "--as") -> str:
         """Who acts: the local user's word (which must be said), or the shared stack's token's person."""
         ...
-
-    shared: bool
-    """Whether this is a shared stack's API, whose answers name the token's person."""
 
     def filer(self, claimed: str | None, flag: str = "--as") -> str:
         """Who files a ticket or starts or stops a run (a local stack without a policy records an unnamed one
@@ -145,10 +145,10 @@ def stack_client() -> StackClient:
 class LocalStack:
     """The embedded stack: the service layer against Temporal and the store, the local user's word for who acts."""
 
+    shared = False
+
     def acting_as(self, claimed: str | None, flag: str = "--as") -> str:
         return local_person(claimed, flag)
-
-    shared = False
 
     def filer(self, claimed: str | None, flag: str = "--as") -> str:
         # Without a policy the local stack records an unnamed filer as `cli`; under one, who files decides who
@@ -403,13 +403,13 @@ class LocalStack:
 class SharedStack:
     """A shared stack's HTTP API, as the token's person; every answer parsed with the API's response model."""
 
+    shared = True
+
     def __init__(self, remote: Remote) -> None:
         self.remote = remote
 
     def acting_as(self, claimed: str | None, flag: str = "--as") -> str:
         return self.remote.acting_as(claimed)
-
-    shared = True
 
     def filer(self, claimed: str | None, flag: str = "--as") -> str:
         return self.remote.acting_as(claimed)

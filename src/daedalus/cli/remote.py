@@ -1,7 +1,7 @@
 """The CLI against a shared stack: ticket commands go through its authenticated HTTP API with your token.
 
-With DAEDALUS_API_URL set, `ticket create|list|show|amend|cancel|terminate`, `decide`, `delegate`, `audit` and
-`train` are sent to that API with DAEDALUS_API_TOKEN, and act as the token's person: `--as` may only repeat it. Without it,
+With DAEDALUS_API_URL set, `ticket create|list|show|amend|cancel|terminate`, `decide`, `delegate`, `audit`,
+`question`, `rulings` and `train` are sent to that API (cli/clients.py's SharedStack) with DAEDALUS_API_TOKEN, and act as the token's person: `--as` may only repeat it. Without it,
 the CLI talks to Temporal and the store directly and trusts the local user's `--as`: that is the embedded,
 single-user stack of `daedalus up` and the demo, where whoever runs the CLI owns the whole stack anyway.
 """
