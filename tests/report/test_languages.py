@@ -9,6 +9,7 @@ day in both languages: the same sections, no English heading or table header lef
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import string
@@ -21,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 from babel.messages.extract import extract_from_dir
+from babel.messages.mofile import write_mo
 from babel.messages.pofile import read_po
 from sqlalchemy import Engine
 
@@ -74,6 +76,20 @@ def test_every_message_the_report_uses_is_translated(lang: str) -> None:
     assert not broken, f"{lang}: placeholders differ: {broken}"
     stale = {singular(e.id) for e in catalog if e.id} - {singular(m) for m in used}
     assert not stale, f"{lang}: catalogue entries no code uses: {stale}"
+
+
+@pytest.mark.parametrize("lang", [lang for lang in LANGUAGES if lang != i18n.DEFAULT])
+def test_the_committed_mo_is_its_po_compiled(lang: str) -> None:
+    """The report reads the .mo (the standard library's gettext, nothing to install on a host); an edit to the
+    .po that was not compiled (`pybabel compile -d src/daedalus/report/locale -D report`) fails here."""
+    with po_path(lang).open("rb") as source:
+        catalog = read_po(source, locale=lang.replace("-", "_"), domain=i18n.DOMAIN)
+    compiled = io.BytesIO()
+    write_mo(compiled, catalog, use_fuzzy=False)
+    assert compiled.getvalue() == i18n.mo_path(lang).read_bytes(), (
+        f"{i18n.mo_path(lang)} is not {po_path(lang)} compiled: run "
+        "`.venv/bin/pybabel compile -d src/daedalus/report/locale -D report`"
+    )
 
 
 def test_no_message_hides_inside_an_f_string() -> None:

@@ -2,7 +2,8 @@
 
 Every fixed word of the report (headings, table headers, phrases, verdict and status words) is written in
 English in the code as a gettext message (`_`, `ngettext`, `N_` for words looked up later); the translations are
-in locale/<language>/LC_MESSAGES/report.po, read with Babel when first needed. Nothing is translated at run time
+in locale/<language>/LC_MESSAGES/report.po, compiled beside it to report.mo (`pybabel compile`), which the
+standard library's gettext reads when first needed. Nothing is translated at run time
 by a machine: a message missing from the catalogue stays English, and tests/report/test_languages.py fails on one.
 Data (titles, notes, commands, names, numbers) is never translated.
 
@@ -13,7 +14,6 @@ functions need no parameter for it (asyncio.to_thread copies the context into th
 from __future__ import annotations
 
 import gettext as _gettext
-import io
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -49,20 +49,19 @@ def po_path(lang: str) -> Path:
     return LOCALE_DIR / lang.replace("-", "_") / "LC_MESSAGES" / f"{DOMAIN}.po"
 
 
+def mo_path(lang: str) -> Path:
+    """The compiled catalogue beside the .po (`pybabel compile`; tests hold it to the .po)."""
+    return po_path(lang).with_suffix(".mo")
+
+
 @cache
 def translations(lang: str) -> _gettext.NullTranslations:
-    """The catalogue of `lang` (English is the source: no catalogue); .po compiled in memory with Babel."""
+    """The catalogue of `lang` (English is the source: no catalogue), read with the standard library's gettext
+    from the committed .mo, so a host renders the report with no translation package installed."""
     if check_language(lang) == DEFAULT:
         return _gettext.NullTranslations()
-    from babel.messages.mofile import write_mo
-    from babel.messages.pofile import read_po
-
-    with po_path(lang).open("rb") as source:
-        catalog = read_po(source, locale=lang.replace("-", "_"), domain=DOMAIN)
-    compiled = io.BytesIO()
-    write_mo(compiled, catalog, use_fuzzy=False)
-    compiled.seek(0)
-    return _gettext.GNUTranslations(compiled)
+    with mo_path(lang).open("rb") as compiled:
+        return _gettext.GNUTranslations(compiled)
 
 
 @contextmanager
