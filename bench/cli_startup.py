@@ -59,11 +59,11 @@ TICKET_ID = "bench-startup-1"
 UP_TIMEOUT_S = 180.0
 
 COMMANDS: dict[str, tuple[list[str], str]] = {
-    "decide --help": (["decide", "--help"], "tickets"),
+    "decide --help": (["decide", "--help"], "decisions"),
     "ticket list": (["ticket", "list"], "tickets"),
     "ticket show": (["ticket", "show", TICKET_ID], "tickets"),
     "hosts": (["hosts"], "hosts"),
-    "audit --help": (["audit", "--help"], "tickets"),
+    "audit --help": (["audit", "--help"], "audit"),
 }
 """Shown name -> (arguments, the CLI module that command imports: daedalus.cli.<module>)."""
 
