@@ -364,7 +364,7 @@ def serving_repo(root: Path, archs: list[str]) -> Path:
     if repo.exists():
         shutil.rmtree(repo)
     (repo / "presets").mkdir(parents=True)
-    presets = REPO / "examples" / "presets"
+    presets = REPO / "src" / "daedalus" / "engines" / "shipped_presets"  # the GPU presets a wheel ships
     for source, name in (("gpu-f16-nofa.yaml", "serve"), ("gpu-f16.yaml", "gpu-f16")):
         preset = yaml.safe_load((presets / source).read_text())
         preset["name"] = name
@@ -448,7 +448,7 @@ async def harness_fidelity(build: Any, model: Path, work: Path, out: Path | None
     from daedalus.engines.runner import launched
     from daedalus.schemas.engines import Workload
 
-    preset = load_preset(REPO / "examples" / "presets" / "gpu-f16.yaml")
+    preset = load_preset("gpu-f16")  # shipped in the package: found on a host with no source checkout
     workload = Workload(users=[1], rounds=7, warmup_rounds=1, max_tokens=N_GEN, prompt_words=16)
     async with launched(preset, model, work / "fidelity", build=build) as server:
         result = await benchmark(Side(preset.name, server), workload, run_id="gpu-fidelity", model=str(model))
@@ -509,7 +509,8 @@ async def drive_ticket(stack: Any, spec_data: dict[str, Any], registry: Any, dea
 async def drive_training(stack: Any, spec_data: dict[str, Any], registry: Any, deadline_s: float) -> Any:
     import asyncio
 
-    from daedalus.services.training import parse_run_spec, start_run
+    from daedalus.schemas.training import StopTraining
+    from daedalus.services.training import parse_run_spec, start_run, stop_run
     from daedalus.workflows.training import TrainingRunWorkflow
 
     spec = parse_run_spec(spec_data, "bench/gpu.py training run")
@@ -529,6 +530,17 @@ async def drive_training(stack: Any, spec_data: dict[str, Any], registry: Any, d
         if status.hunting_tickets:
             break
         await asyncio.sleep(1.0)
+    # The run now waits for a decider and still holds its GPU lease: stop it, as a decider would, so the GPU is
+    # free for the campaign call (whose cells otherwise wait for the lease until their deadline, as they did).
+    await stop_run(
+        stack.client,
+        spec.name,
+        StopTraining(requested_by="gpu-bench", reason="measured; GPU to the campaign"),
+    )
+    try:
+        await asyncio.wait_for(handle.result(), timeout=120)
+    except Exception as error:  # the figures above stand; the campaign call says if the GPU is still held
+        log(f"training run {spec.name} did not end after the stop: {error!r}")
     return status
 
 
@@ -652,7 +664,7 @@ async def run_campaign(args: argparse.Namespace) -> dict[str, Any]:
     from daedalus.stack import running_stack
     from daedalus.store import queries
     from daedalus.store.database import session_scope
-    from daedalus.workflows.campaign import CampaignWorkflow
+    from daedalus.workflows.campaign import CLOSED_STATES, CampaignWorkflow
 
     settings = engine_settings()
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
@@ -674,7 +686,8 @@ async def run_campaign(args: argparse.Namespace) -> dict[str, Any]:
         log(f"campaign {spec.id}: {len(spec.cells())} cells on {HOST}")
         started, done = time.monotonic(), -1
         status = await handle.query(CampaignWorkflow.status)
-        while status.status not in ("awaiting_decision", "completed", "failed", "cancelled"):
+        # the campaign's own end states, and a proposal waiting for a decider (the bench does not answer it)
+        while status.status not in (*CLOSED_STATES, "awaiting_decision"):
             if time.monotonic() - started > args.campaign_deadline_s:
                 log("campaign deadline passed: what was measured is kept")
                 break

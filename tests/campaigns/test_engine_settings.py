@@ -90,7 +90,7 @@ async def test_probe_floor_on_a_cpu_preset_is_an_invalid_cell_that_says_why(tmp_
     spec = local_spec().model_copy(update={"probe_floor": True})
     result = await measure_cell(spec, spec.cells()[0], tmp_path / "cell")
     assert result.outcome is CellOutcome.INVALID, result
-    assert "runs on the CPU" in result.detail and "gpu-*.yaml" in result.detail
+    assert "runs on the CPU" in result.detail and "the shipped gpu-f16" in result.detail
     assert not any(
         p.name == "llama-server" for p in psutil.process_iter(["name"]) if p.ppid() == psutil.Process().pid
     )

