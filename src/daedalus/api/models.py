@@ -113,7 +113,7 @@ class Identity(Public):
 
 
 class QuestionAsked(Model):
-    """POST /questions's answer (the same fields as api/questions.py's, which should import this one)."""
+    """POST /questions's answer."""
 
     question_id: str
     workflow_id: str
@@ -122,8 +122,7 @@ class QuestionAsked(Model):
 
 
 class QuestionPublic(Model):
-    """A question's request as the store holds it (GET /questions; the same fields as api/questions.py's, which
-    should import this one)."""
+    """A question's request as the store holds it (GET /questions)."""
 
     request_id: str
     question: str
@@ -138,7 +137,7 @@ class QuestionPublic(Model):
 
 
 class RunStarted(Model):
-    """POST /training's answer (the same fields as api/training.py's, which should import this one)."""
+    """POST /training's answer."""
 
     name: str
     workflow_id: str

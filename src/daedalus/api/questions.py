@@ -4,46 +4,22 @@ one, and list the standing rulings. A question is answered like any decision: `P
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, status
-from pydantic import Field
 
 from daedalus.api.context import Caller, Context, TemporalClient, require_same_person
 from daedalus.api.errors import refusal, within
+from daedalus.api.models import QuestionAsked, QuestionPublic
 from daedalus.decisions.questions import QuestionSpec, QuestionStatus, WithdrawQuestion
 from daedalus.decisions.rulings import Ruling
 from daedalus.errors import RequestRefused
-from daedalus.schemas._base import Model
 from daedalus.schemas.limits import SLUG_PATTERN
 from daedalus.services import questions
 from daedalus.store.database import session_scope
 
 router = APIRouter(tags=["questions"])
 QuestionId = Annotated[str, Path(pattern=SLUG_PATTERN, description="a question id, e.g. `dense-models`")]
-
-
-class QuestionAsked(Model):
-    question_id: str
-    workflow_id: str
-    asked_by: str
-    deciders: list[str]
-
-
-class QuestionPublic(Model):
-    """A question's request as the store holds it."""
-
-    request_id: str
-    question: str
-    options: list[str]
-    deciders: list[str]
-    requested_at: datetime
-    option: str | None = None
-    decided_by: str | None = None
-    decided_at: datetime | None = None
-    note: str = ""
-    open: bool = Field(description="still waiting for an answer")
 
 
 @router.post("/questions", status_code=status.HTTP_201_CREATED, response_model=QuestionAsked)

@@ -7,18 +7,10 @@ from fastapi import APIRouter, status
 from daedalus import services
 from daedalus.api.context import Caller, Context, TemporalClient, require_same_person
 from daedalus.api.errors import refusal, within
-from daedalus.schemas._base import Model
+from daedalus.api.models import RunStarted
 from daedalus.schemas.training import StopTraining, TrainingRunSpec, TrainingRunStatus
 
 router = APIRouter(prefix="/training", tags=["training"])
-
-
-class RunStarted(Model):
-    name: str
-    workflow_id: str
-    run_id: str | None
-    host: str
-    started_by: str
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=RunStarted)
