@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from daedalus.schemas._base import Model
 from daedalus.schemas.gates import LeaseRecord
 from daedalus.schemas.ticket import TicketState
+
+if TYPE_CHECKING:
+    from daedalus.store.tables import DecisionRow
 
 
 class Public(BaseModel):
@@ -134,6 +138,22 @@ class QuestionPublic(Model):
     decided_at: datetime | None = None
     note: str = ""
     open: bool = Field(description="still waiting for an answer")
+
+    @classmethod
+    def from_row(cls, row: DecisionRow) -> QuestionPublic:
+        """A question's decision row from the store, as the API answers it (and the local CLI prints it)."""
+        return cls(
+            request_id=row.request_id,
+            question=row.question,
+            options=row.options,
+            deciders=row.deciders,
+            requested_at=row.requested_at,
+            option=row.option,
+            decided_by=row.decided_by,
+            decided_at=row.decided_at,
+            note=row.note,
+            open=row.decided_at is None,
+        )
 
 
 class RunStarted(Model):

@@ -306,21 +306,7 @@ class LocalStack:
         from daedalus.store.database import session_scope
 
         with session_scope(store()) as session:
-            return [
-                QuestionPublic(
-                    request_id=row.request_id,
-                    question=row.question,
-                    options=row.options,
-                    deciders=row.deciders,
-                    requested_at=row.requested_at,
-                    option=row.option,
-                    decided_by=row.decided_by,
-                    decided_at=row.decided_at,
-                    note=row.note,
-                    open=row.decided_at is None,
-                )
-                for row in questions.question_rows(session, pending=pending)
-            ]
+            return [QuestionPublic.from_row(row) for row in questions.question_rows(session, pending=pending)]
 
     def question(self, question_id: str) -> QuestionStatus:
         from daedalus.services import questions
