@@ -476,6 +476,25 @@ def ms(value: float) -> float:
     return round(value * 1000, 2)
 
 
+def update_task(events: list[Any]) -> tuple[int, float, float, float]:
+    """A decide's update in its ticket's history: the index of its UpdateAccepted event and the times (s) its
+    workflow task was scheduled, started and completed (the last of each before the acceptance)."""
+    accepted = next(
+        i
+        for i, e in enumerate(events)
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+    )
+    task: dict[int, float] = {}
+    for e in events[:accepted]:
+        task[e.event_type] = seconds(e)
+    return (
+        accepted,
+        task[EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED],
+        task[EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED],
+        task[EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED],
+    )
+
+
 def seconds(event: HistoryEvent) -> float:
     return event.event_time.ToMicroseconds() / 1e6
 
@@ -530,17 +549,7 @@ async def attribute(client: Client, decided: list[tuple[str, float, float]], pre
     for ticket_id, sent, answered in decided:
         handle = client.get_workflow_handle(ticket_workflow_id(ticket_id))
         events = [e async for e in handle.fetch_history_events()]
-        accepted = next(
-            i
-            for i, e in enumerate(events)
-            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
-        )
-        task: dict[int, float] = {}
-        for e in events[:accepted]:
-            task[e.event_type] = seconds(e)
-        scheduled = task[EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED]
-        started = task[EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED]
-        completed = task[EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED]
+        accepted, scheduled, started, completed = update_task(events)
         phases["to_scheduled"].append(scheduled - sent)
         phases["queued"].append(started - scheduled)
         phases["worker"].append(completed - started)

@@ -64,8 +64,7 @@ class ProfiledThread:
         return pstats.Stats(self.profile, stream=io.StringIO())
 
 
-def seconds(event: HistoryEvent) -> float:
-    return event.event_time.ToMicroseconds() / 1e6
+seconds = lc.seconds  # an event's time, in seconds
 
 
 def history_profile(events: list[HistoryEvent]) -> dict[str, Any]:
@@ -110,17 +109,7 @@ async def history(client: Client, workflow_id: str) -> list[HistoryEvent]:
 
 
 def decide_profile(events: list[HistoryEvent], sent: float, answered: float) -> dict[str, Any]:
-    accepted = next(
-        i
-        for i, e in enumerate(events)
-        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
-    )
-    task: dict[int, float] = {}
-    for e in events[:accepted]:
-        task[e.event_type] = seconds(e)
-    scheduled = task[EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED]
-    started = task[EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED]
-    completed = task[EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED]
+    accepted, scheduled, started, completed = lc.update_task(events)
     last_task = max(
         i for i in range(accepted) if events[i].event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
     )
